@@ -1,0 +1,117 @@
+// JSON config access with one clear error per bad field.
+#include "emoe/io/hf_config.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "emoe/core/error.h"
+
+namespace emoe {
+using json = nlohmann::json;
+
+JsonFields::JsonFields(json j, std::string file) : j_(std::move(j)), file_(std::move(file)) {
+  EMOE_CHECK(j_.is_object(), InputError, "{}: expected a JSON object at the top level, got {}",
+             file_, j_.type_name());
+}
+
+JsonFields JsonFields::from_file(const std::string& path) {
+  std::ifstream in(path);
+  EMOE_CHECK(in.good(), InputError, "{}: cannot open (missing file?)", path);
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    EMOE_THROW(InputError, "{}: not valid JSON: {}", path, e.what());
+  }
+  return JsonFields(std::move(j), path);
+}
+
+void JsonFields::fail(const std::string& key, const std::string& what) const {
+  EMOE_THROW(InputError, "{}: field '{}': {}", file_, key, what);
+}
+
+bool JsonFields::has(const std::string& key) const {
+  return j_.contains(key) && !j_.at(key).is_null();
+}
+
+const json& JsonFields::at(const std::string& key) const {
+  if (!has(key)) fail(key, "required but missing");
+  return j_.at(key);
+}
+
+int64_t JsonFields::get_int(const std::string& key) const {
+  const json& v = at(key);
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>())))
+    return static_cast<int64_t>(v.get<double>());
+  fail(key, fmt::format("expected an integer, got {} {}", v.type_name(), v.dump()));
+}
+
+int64_t JsonFields::get_int(const std::string& key, int64_t fallback) const {
+  return has(key) ? get_int(key) : fallback;
+}
+
+double JsonFields::get_double(const std::string& key) const {
+  const json& v = at(key);
+  if (!v.is_number()) fail(key, fmt::format("expected a number, got {} {}", v.type_name(), v.dump()));
+  return v.get<double>();
+}
+
+double JsonFields::get_double(const std::string& key, double fallback) const {
+  return has(key) ? get_double(key) : fallback;
+}
+
+bool JsonFields::get_bool(const std::string& key, bool fallback) const {
+  if (!has(key)) return fallback;
+  const json& v = j_.at(key);
+  if (!v.is_boolean()) fail(key, fmt::format("expected true or false, got {}", v.dump()));
+  return v.get<bool>();
+}
+
+std::string JsonFields::get_string(const std::string& key) const {
+  const json& v = at(key);
+  if (!v.is_string()) fail(key, fmt::format("expected a string, got {} {}", v.type_name(), v.dump()));
+  return v.get<std::string>();
+}
+
+std::string JsonFields::get_string(const std::string& key, const std::string& fallback) const {
+  return has(key) ? get_string(key) : fallback;
+}
+
+std::vector<int64_t> JsonFields::get_int_list(const std::string& key) const {
+  if (!has(key)) return {};
+  const json& v = j_.at(key);
+  std::vector<int64_t> out;
+  if (v.is_number_integer()) return {v.get<int64_t>()};
+  if (!v.is_array()) fail(key, fmt::format("expected an integer or a list of integers, got {}", v.dump()));
+  for (const auto& x : v) {
+    if (!x.is_number_integer()) fail(key, fmt::format("expected integers, got {}", x.dump()));
+    out.push_back(x.get<int64_t>());
+  }
+  return out;
+}
+
+JsonFields read_model_config(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  EMOE_CHECK(fs::is_directory(model_dir), InputError, "{}: not a model directory", model_dir);
+  auto path = (fs::path(model_dir) / "config.json").string();
+  EMOE_CHECK(fs::exists(path), InputError, "{}: missing config.json (not a Hugging Face model folder?)",
+             model_dir);
+  return JsonFields::from_file(path);
+}
+
+std::string detect_model_type(const JsonFields& cfg) {
+  std::string t = cfg.get_string("model_type", "");
+  if (t.empty() && cfg.has("architectures") && cfg.raw()["architectures"].is_array() &&
+      !cfg.raw()["architectures"].empty() && cfg.raw()["architectures"][0].is_string()) {
+    std::string a = cfg.raw()["architectures"][0].get<std::string>();
+    if (a.rfind("Bert", 0) == 0) t = "bert";
+    else if (a.rfind("GPT2", 0) == 0) t = "gpt2";
+    else if (a.rfind("Llama", 0) == 0) t = "llama";
+    else if (a.rfind("T5", 0) == 0) t = "t5";
+  }
+  if (t == "bert" || t == "gpt2" || t == "llama" || t == "t5") return t;
+  cfg.fail("model_type", fmt::format("expected one of bert, gpt2, llama (t5 later), got '{}'", t));
+}
+
+}  // namespace emoe

@@ -1,0 +1,91 @@
+// Implementation of the test helpers.
+#include "support/test_support.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+namespace emoe::test {
+namespace fs = std::filesystem;
+
+std::string source_dir() { return EMOE_SOURCE_DIR; }
+std::string emoe_binary() { return EMOE_BINARY; }
+
+bool under_ci() {
+  const char* ci = std::getenv("CI");
+  return ci && (std::string(ci) == "true" || std::string(ci) == "1");
+}
+
+std::string shared_path(const std::string& rel) {
+  fs::path base;
+  if (const char* env = std::getenv("EMOE_SHARED"); env && *env)
+    base = env;
+  else
+    base = fs::path(source_dir()) / ".." / "shared";
+  fs::path p = base / rel;
+  if (!fs::exists(p)) return "";
+  return fs::canonical(p).string();
+}
+
+TempDir::TempDir() {
+  std::random_device rd;
+  auto base = fs::temp_directory_path();
+  for (int i = 0; i < 100; ++i) {
+    fs::path p = base / ("emoe_test_" + std::to_string(::getpid()) + "_" + std::to_string(rd()));
+    if (fs::create_directory(p)) {
+      path_ = p.string();
+      return;
+    }
+  }
+  throw std::runtime_error("cannot create a temporary directory");
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+static std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+CommandResult run_emoe(const std::string& args, const std::string& stdin_text) {
+  TempDir tmp;
+  std::string in = tmp.file("stdin"), out = tmp.file("stdout"), err = tmp.file("stderr");
+  {
+    std::ofstream f(in, std::ios::binary);
+    f << stdin_text;
+  }
+  std::string cmd = "cd '" + source_dir() + "' && '" + emoe_binary() + "' " + args + " <'" + in +
+                    "' >'" + out + "' 2>'" + err + "'";
+  int status = std::system(cmd.c_str());
+  CommandResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+}
+
+double max_abs_diff_masked(const torch::Tensor& a, const torch::Tensor& b,
+                           const torch::Tensor& mask) {
+  auto m = mask.to(torch::kBool);
+  auto d = (a.to(torch::kDouble) - b.to(torch::kDouble)).abs();
+  auto sel = d.index({m});
+  if (sel.numel() == 0) return 0.0;
+  return sel.max().item<double>();
+}
+
+}  // namespace emoe::test
