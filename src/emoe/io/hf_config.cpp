@@ -100,11 +100,18 @@ JsonFields read_model_config(const std::string& model_dir) {
   return JsonFields::from_file(path);
 }
 
+std::string first_architecture(const JsonFields& cfg) {
+  const auto& j = cfg.raw();
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string())
+    return j["architectures"][0].get<std::string>();
+  return "";
+}
+
 std::string detect_model_type(const JsonFields& cfg) {
   std::string t = cfg.get_string("model_type", "");
-  if (t.empty() && cfg.has("architectures") && cfg.raw()["architectures"].is_array() &&
-      !cfg.raw()["architectures"].empty() && cfg.raw()["architectures"][0].is_string()) {
-    std::string a = cfg.raw()["architectures"][0].get<std::string>();
+  if (t.empty()) {
+    std::string a = first_architecture(cfg);
     if (a.rfind("Bert", 0) == 0) t = "bert";
     else if (a.rfind("GPT2", 0) == 0) t = "gpt2";
     else if (a.rfind("Llama", 0) == 0) t = "llama";

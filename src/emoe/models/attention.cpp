@@ -1,0 +1,98 @@
+// Attention math shared by every architecture.
+#include "emoe/models/attention.h"
+
+#include <torch/torch.h>
+
+#include <limits>
+
+namespace emoe {
+
+int64_t KvCache::length() const {
+  if (layers.empty() || !layers[0].k.defined()) return 0;
+  return layers[0].k.size(2);
+}
+
+at::Tensor build_block_mask(const at::Tensor& attention_mask, int64_t t, int64_t s, bool causal,
+                            const at::Device& device) {
+  at::Tensor blocked;
+  if (causal && t > 1) {
+    // query i (absolute position s - t + i) may see keys j <= s - t + i
+    auto q = torch::arange(s - t, s, torch::TensorOptions().dtype(torch::kLong).device(device));
+    auto k = torch::arange(0, s, torch::TensorOptions().dtype(torch::kLong).device(device));
+    blocked = (k.unsqueeze(0) > q.unsqueeze(1)).view({1, 1, t, s});
+  }
+  if (attention_mask.defined()) {
+    auto pad = (attention_mask.to(device) == 0).view({attention_mask.size(0), 1, 1, s});
+    blocked = blocked.defined() ? torch::logical_or(blocked, pad) : pad;
+  }
+  return blocked;
+}
+
+at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& block_mask, double scale, double dropout_p,
+                            bool training, at::Tensor* probs) {
+  const int64_t hq = q.size(1), hkv = k.size(1);
+  at::Tensor kk = k, vv = v;
+  if (hq != hkv) {
+    const int64_t rep = hq / hkv;
+    auto expand = [&](const at::Tensor& x) {
+      return x.unsqueeze(2)
+          .expand({x.size(0), hkv, rep, x.size(2), x.size(3)})
+          .reshape({x.size(0), hq, x.size(2), x.size(3)});
+    };
+    kk = expand(k);
+    vv = expand(v);
+  }
+  auto scores = torch::matmul(q, kk.transpose(-2, -1));
+  if (scale != 1.0) scores = scores * scale;
+  if (block_mask.defined())
+    scores = scores.masked_fill(block_mask, std::numeric_limits<float>::lowest());
+  auto p = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
+  if (probs) *probs = p;
+  if (training && dropout_p > 0) p = torch::dropout(p, dropout_p, true);
+  return torch::matmul(p, vv);
+}
+
+at::Tensor split_heads(const at::Tensor& x, int64_t heads) {
+  auto b = x.size(0), t = x.size(1);
+  return x.view({b, t, heads, x.size(2) / heads}).transpose(1, 2);
+}
+
+at::Tensor merge_heads(const at::Tensor& x) {
+  auto b = x.size(0), h = x.size(1), t = x.size(2), d = x.size(3);
+  return x.transpose(1, 2).reshape({b, t, h * d});
+}
+
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& position_ids, int64_t head_dim,
+                                               double theta, at::ScalarType dtype) {
+  auto opts = torch::TensorOptions().dtype(torch::kFloat).device(position_ids.device());
+  // Same operations as HF: inv_freq = 1 / theta^(arange(0, d, 2) / d), freqs = t * inv_freq.
+  auto exponent = torch::arange(0, head_dim, 2, opts.dtype(torch::kLong)).to(torch::kFloat) /
+                  static_cast<double>(head_dim);
+  auto inv_freq = 1.0 / torch::pow(theta, exponent);
+  auto freqs = position_ids.to(torch::kFloat).unsqueeze(-1) * inv_freq;  // [B,T,D/2]
+  auto emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);                // [B,1,T,D]
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  auto half = x.size(-1) / 2;
+  auto x1 = x.narrow(-1, 0, half);
+  auto x2 = x.narrow(-1, half, half);
+  auto rotated = torch::cat({-x2, x1}, -1);
+  return x * cos + rotated * sin;
+}
+
+at::Tensor default_position_ids(const at::Tensor& attention_mask, int64_t batch, int64_t t,
+                                int64_t past, const at::Device& device) {
+  if (attention_mask.defined()) {
+    auto m = attention_mask.to(device).to(torch::kLong);
+    auto pos = m.cumsum(-1) - 1;
+    pos = pos.masked_fill(m == 0, 1);
+    return pos.narrow(1, pos.size(1) - t, t);
+  }
+  auto opts = torch::TensorOptions().dtype(torch::kLong).device(device);
+  return torch::arange(past, past + t, opts).unsqueeze(0).expand({batch, t});
+}
+
+}  // namespace emoe

@@ -1,0 +1,46 @@
+// Attention math shared by every architecture: masks, grouped-query attention, KV cache, RoPE.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+#include <vector>
+
+namespace emoe {
+
+// Keys and values of one layer for incremental decoding: [B, kv_heads, S, head_dim].
+struct LayerKv {
+  at::Tensor k, v;
+};
+struct KvCache {
+  std::vector<LayerKv> layers;
+  int64_t length() const;  // number of cached positions (0 when empty)
+};
+
+// Boolean "blocked" mask [B or 1, 1, T, S] for T queries over S keys, of which the first
+// S - T are cached past positions. attention_mask is [B, S] (1 = real token) or undefined.
+// Returns an undefined tensor when nothing is blocked.
+at::Tensor build_block_mask(const at::Tensor& attention_mask, int64_t t, int64_t s, bool causal,
+                            const at::Device& device);
+
+// softmax(q k^T * scale, blocked -> lowest) v with q [B,Hq,T,D], k/v [B,Hkv,S,D]; Hq must be a
+// multiple of Hkv (grouped-query attention: query head h reads kv head h / (Hq/Hkv)).
+// The softmax runs in float32. `probs`, when given, receives the attention probabilities.
+at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& block_mask, double scale, double dropout_p,
+                            bool training, at::Tensor* probs = nullptr);
+
+// [B,T,H*D] <-> [B,H,T,D]
+at::Tensor split_heads(const at::Tensor& x, int64_t heads);
+at::Tensor merge_heads(const at::Tensor& x);
+
+// Rotary embeddings, Hugging Face's rotate_half convention. cos/sin: [B, 1, T, head_dim].
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& position_ids, int64_t head_dim,
+                                               double theta, at::ScalarType dtype);
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// Default position ids: past..past+T-1 for every row, or for left-padded rows
+// cumsum(mask)-1 with pads set to 1 (what Hugging Face's generate() passes).
+at::Tensor default_position_ids(const at::Tensor& attention_mask, int64_t batch, int64_t t,
+                                int64_t past, const at::Device& device);
+
+}  // namespace emoe

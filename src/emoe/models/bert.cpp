@@ -1,0 +1,313 @@
+// BERT: config, modules named as Hugging Face's, load quirks (gamma/beta, missing "bert."), forward.
+#include "emoe/models/bert.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "emoe/core/error.h"
+#include "emoe/models/linear.h"
+#include "emoe/models/norms.h"
+
+namespace emoe {
+
+BertConfig BertConfig::from_json(const JsonFields& j) {
+  BertConfig c;
+  c.vocab_size = j.get_int("vocab_size", c.vocab_size);
+  c.hidden_size = j.get_int("hidden_size", c.hidden_size);
+  c.num_hidden_layers = j.get_int("num_hidden_layers", c.num_hidden_layers);
+  c.num_attention_heads = j.get_int("num_attention_heads", c.num_attention_heads);
+  c.intermediate_size = j.get_int("intermediate_size", c.intermediate_size);
+  c.max_position_embeddings = j.get_int("max_position_embeddings", c.max_position_embeddings);
+  c.type_vocab_size = j.get_int("type_vocab_size", c.type_vocab_size);
+  c.hidden_act = j.get_string("hidden_act", c.hidden_act);
+  c.hidden_dropout_prob = j.get_double("hidden_dropout_prob", c.hidden_dropout_prob);
+  c.attention_probs_dropout_prob =
+      j.get_double("attention_probs_dropout_prob", c.attention_probs_dropout_prob);
+  if (j.has("classifier_dropout")) c.classifier_dropout = j.get_double("classifier_dropout");
+  c.layer_norm_eps = j.get_double("layer_norm_eps", c.layer_norm_eps);
+  c.initializer_range = j.get_double("initializer_range", c.initializer_range);
+  c.pad_token_id = j.has("pad_token_id") ? std::optional<int64_t>(j.get_int("pad_token_id"))
+                                         : std::nullopt;
+  if (j.has("id2label") && j.raw()["id2label"].is_object())
+    c.num_labels = static_cast<int64_t>(j.raw()["id2label"].size());
+  c.num_labels = j.get_int("num_labels", c.num_labels);
+  c.problem_type = j.get_string("problem_type", "");
+
+  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+                         {"num_hidden_layers", c.num_hidden_layers},
+                         {"num_attention_heads", c.num_attention_heads},
+                         {"intermediate_size", c.intermediate_size},
+                         {"max_position_embeddings", c.max_position_embeddings},
+                         {"type_vocab_size", c.type_vocab_size}, {"num_labels", c.num_labels}})
+    if (v <= 0) j.fail(name, fmt::format("expected a positive integer, got {}", v));
+  if (c.hidden_size % c.num_attention_heads != 0)
+    j.fail("hidden_size", fmt::format("hidden_size {} is not a multiple of num_attention_heads {}",
+                                      c.hidden_size, c.num_attention_heads));
+  std::string pos = j.get_string("position_embedding_type", "absolute");
+  if (pos != "absolute")
+    j.fail("position_embedding_type",
+           fmt::format("only 'absolute' position embeddings are supported, got '{}'", pos));
+  if (j.get_bool("is_decoder", false))
+    j.fail("is_decoder", "BERT as a decoder is not supported (expected false)");
+  if (c.pad_token_id && (*c.pad_token_id < 0 || *c.pad_token_id >= c.vocab_size))
+    j.fail("pad_token_id", fmt::format("pad_token_id {} is outside the vocabulary of {} tokens",
+                                       *c.pad_token_id, c.vocab_size));
+  parse_activation(c.hidden_act, j.file() + ": field 'hidden_act'");
+  return c;
+}
+
+namespace {
+
+// A named container so that the module tree spells Hugging Face's keys.
+std::shared_ptr<torch::nn::Module> node() { return std::make_shared<torch::nn::Module>(); }
+
+class BertLayerImpl : public torch::nn::Module, public FfnSlot {
+ public:
+  BertLayerImpl(const BertConfig& c, int64_t index, std::string prefix)
+      : c_(c), index_(index), prefix_(std::move(prefix)) {
+    auto lin = [](int64_t in, int64_t out) { return Linear(LinearOptions{in, out, true, false}); };
+    auto attention = register_module("attention", node());
+    auto self = attention->register_module("self", node());
+    query_ = self->register_module("query", lin(c.hidden_size, c.hidden_size));
+    key_ = self->register_module("key", lin(c.hidden_size, c.hidden_size));
+    value_ = self->register_module("value", lin(c.hidden_size, c.hidden_size));
+    auto attn_out = attention->register_module("output", node());
+    attn_dense_ = attn_out->register_module("dense", lin(c.hidden_size, c.hidden_size));
+    attn_norm_ = attn_out->register_module("LayerNorm", LayerNorm(c.hidden_size, c.layer_norm_eps));
+    auto intermediate = register_module("intermediate", node());
+    inter_dense_ = intermediate->register_module("dense", lin(c.hidden_size, c.intermediate_size));
+    auto output = register_module("output", node());
+    out_dense_ = output->register_module("dense", lin(c.intermediate_size, c.hidden_size));
+    out_norm_ = output->register_module("LayerNorm", LayerNorm(c.hidden_size, c.layer_norm_eps));
+    act_ = parse_activation(c.hidden_act, "hidden_act");
+  }
+
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& block_mask,
+                        const torch::Tensor& token_mask, torch::Tensor* probs) {
+    const int64_t heads = c_.num_attention_heads;
+    auto q = split_heads(query_(x), heads);
+    auto k = split_heads(key_(x), heads);
+    auto v = split_heads(value_(x), heads);
+    double scale = 1.0 / std::sqrt(static_cast<double>(c_.hidden_size / heads));
+    auto ctx = merge_heads(scaled_attention(q, k, v, block_mask, scale,
+                                            c_.attention_probs_dropout_prob, is_training(), probs));
+    auto a = attn_dense_(ctx);
+    a = torch::dropout(a, c_.hidden_dropout_prob, is_training());
+    auto h = attn_norm_(a + x);
+    auto f = run_ffn(h, token_mask);
+    f = torch::dropout(f, c_.hidden_dropout_prob, is_training());
+    return out_norm_(f + h);
+  }
+
+  torch::Tensor ffn_hidden(const torch::Tensor& x) override {
+    return activate(inter_dense_(x), act_);
+  }
+  torch::Tensor ffn_output(const torch::Tensor& h) override { return out_dense_(h); }
+  FfnView ffn_view() override {
+    FfnView v;
+    v.w_in = inter_dense_->weight;
+    v.b_in = inter_dense_->bias;
+    v.w_out = out_dense_->weight;
+    v.b_out = out_dense_->bias;
+    v.act = act_;
+    return v;
+  }
+  torch::nn::Module& ffn_owner() override { return *this; }
+  std::string ffn_prefix() const override { return prefix_; }
+  int64_t layer_index() const override { return index_; }
+
+ private:
+  BertConfig c_;
+  int64_t index_;
+  std::string prefix_;
+  Activation act_;
+  Linear query_{nullptr}, key_{nullptr}, value_{nullptr}, attn_dense_{nullptr};
+  Linear inter_dense_{nullptr}, out_dense_{nullptr};
+  LayerNorm attn_norm_{nullptr}, out_norm_{nullptr};
+};
+
+class BertModelImpl : public PretrainedModelImpl {
+ public:
+  BertModelImpl(const BertConfig& c, Head head) : c_(c), head_(head) {
+    auto bert = register_module("bert", node());
+    auto emb = bert->register_module("embeddings", node());
+    word_ = emb->register_module("word_embeddings", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+    pos_ = emb->register_module("position_embeddings",
+                                torch::nn::Embedding(c.max_position_embeddings, c.hidden_size));
+    type_ = emb->register_module("token_type_embeddings",
+                                 torch::nn::Embedding(c.type_vocab_size, c.hidden_size));
+    emb_norm_ = emb->register_module("LayerNorm", LayerNorm(c.hidden_size, c.layer_norm_eps));
+    auto encoder = bert->register_module("encoder", node());
+    auto layers = encoder->register_module("layer", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      auto layer = std::make_shared<BertLayerImpl>(c, i, fmt::format("bert.encoder.layer.{}", i));
+      layers->push_back(layer);
+      layers_.push_back(layer);
+    }
+    auto lin = [](int64_t in, int64_t out) { return Linear(LinearOptions{in, out, true, false}); };
+    if (head != Head::kMaskedLM) {
+      auto pooler = bert->register_module("pooler", node());
+      pooler_ = pooler->register_module("dense", lin(c.hidden_size, c.hidden_size));
+    }
+    if (head == Head::kSequenceClassification)
+      classifier_ = register_module("classifier", lin(c.hidden_size, c.num_labels));
+    if (head == Head::kMaskedLM) {
+      auto cls = register_module("cls", node());
+      auto pred = cls->register_module("predictions", node());
+      auto transform = pred->register_module("transform", node());
+      mlm_dense_ = transform->register_module("dense", lin(c.hidden_size, c.hidden_size));
+      mlm_norm_ = transform->register_module("LayerNorm", LayerNorm(c.hidden_size, c.layer_norm_eps));
+      mlm_bias_ = pred->register_parameter("bias", torch::zeros({c.vocab_size}));
+    }
+    summary_.model_type = "bert";
+    summary_.head = head;
+    summary_.causal = false;
+    summary_.num_layers = c.num_hidden_layers;
+    summary_.hidden_size = c.hidden_size;
+    summary_.num_heads = summary_.num_kv_heads = c.num_attention_heads;
+    summary_.intermediate_size = c.intermediate_size;
+    summary_.vocab_size = c.vocab_size;
+    summary_.max_positions = c.max_position_embeddings;
+    summary_.num_labels = head == Head::kSequenceClassification ? c.num_labels : 0;
+    summary_.pad_token_id = c.pad_token_id;
+    summary_.activation = c.hidden_act;
+    init_weights();
+  }
+
+  void init_weights() {
+    torch::NoGradGuard g;
+    for (auto& p : named_parameters()) {
+      const auto& k = p.key();
+      if (k.find("LayerNorm") != std::string::npos) {
+        if (k.size() >= 6 && k.substr(k.size() - 6) == "weight") p.value().fill_(1.0);
+        else p.value().zero_();
+      } else if (k.size() >= 4 && k.substr(k.size() - 4) == "bias") {
+        p.value().zero_();
+      } else {
+        p.value().normal_(0.0, c_.initializer_range);
+      }
+    }
+    if (c_.pad_token_id) word_->weight[*c_.pad_token_id].zero_();
+  }
+
+  ModelOutputs forward(const ModelInputs& in) override {
+    const auto& ids = in.input_ids;
+    EMOE_CHECK(ids.dim() == 2, InputError, "input_ids: expected [batch, seq], got {} dims", ids.dim());
+    const int64_t b = ids.size(0), t = ids.size(1);
+    EMOE_CHECK(t <= c_.max_position_embeddings, InputError,
+               "input_ids: sequence length {} exceeds max_position_embeddings {}", t,
+               c_.max_position_embeddings);
+    auto dev = word_->weight.device();
+    auto ids_d = ids.to(dev);
+    auto pos = in.position_ids.defined()
+                   ? in.position_ids.to(dev)
+                   : torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(dev))
+                         .unsqueeze(0)
+                         .expand({b, t});
+    auto types = in.token_type_ids.defined() ? in.token_type_ids.to(dev)
+                                             : torch::zeros({b, t}, ids_d.options());
+    auto h = word_(ids_d) + type_(types) + pos_(pos);
+    h = emb_norm_(h);
+    h = torch::dropout(h, c_.hidden_dropout_prob, is_training());
+    ModelOutputs out;
+    if (in.output_hidden_states) out.hidden_states.push_back(h);
+    auto block = build_block_mask(in.attention_mask, t, t, /*causal=*/false, dev);
+    torch::Tensor token_mask = in.attention_mask.defined() ? in.attention_mask.to(dev) : torch::Tensor();
+    for (auto& layer : layers_) {
+      torch::Tensor probs;
+      h = layer->forward(h, block, token_mask, in.output_attentions ? &probs : nullptr);
+      if (in.output_attentions) out.attentions.push_back(probs);
+      if (in.output_hidden_states) out.hidden_states.push_back(h);
+    }
+    out.last_hidden_state = h;
+    if (pooler_) out.pooler_output = torch::tanh(pooler_(h.select(1, 0)));
+    if (head_ == Head::kSequenceClassification) {
+      double p = c_.classifier_dropout.value_or(c_.hidden_dropout_prob);
+      out.logits = classifier_(torch::dropout(out.pooler_output, p, is_training()));
+      if (in.labels.defined())
+        out.loss = sequence_classification_loss(out.logits, in.labels, c_.num_labels, c_.problem_type);
+    } else if (head_ == Head::kMaskedLM) {
+      auto x = mlm_norm_(activate(mlm_dense_(h), parse_activation(c_.hidden_act, "hidden_act")));
+      out.logits = torch::linear(x, word_->weight, mlm_bias_);
+      if (in.labels.defined()) out.loss = token_cross_entropy(out.logits, in.labels);
+    }
+    return out;
+  }
+
+  const ModelSummary& summary() const override { return summary_; }
+  std::vector<FfnSlot*> ffn_slots() override {
+    std::vector<FfnSlot*> out;
+    for (auto& l : layers_) out.push_back(l.get());
+    return out;
+  }
+
+  std::string module_key(const std::string& file_key) const override {
+    std::string k = file_key;
+    auto replace_suffix = [&](const std::string& from, const std::string& to) {
+      if (k.size() > from.size() && k.compare(k.size() - from.size(), from.size(), from) == 0)
+        k = k.substr(0, k.size() - from.size()) + to;
+    };
+    replace_suffix("LayerNorm.gamma", "LayerNorm.weight");
+    replace_suffix("LayerNorm.beta", "LayerNorm.bias");
+    auto starts = [&](const std::string& p) { return k.rfind(p, 0) == 0; };
+    if (!starts("bert.") && !starts("cls.") && !starts("classifier.")) k = "bert." + k;
+    if (k == "bert.embeddings.position_ids") return "";  // a non-persistent buffer in new files
+    if (k == "cls.predictions.decoder.weight" || k == "cls.predictions.decoder.bias") return "";  // tied
+    if (starts("cls.seq_relationship.")) return "";  // BertForPreTraining's NSP head: unused
+    return k;
+  }
+  std::string file_key(const std::string& module_key) const override {
+    if (head_ == Head::kBase && module_key.rfind("bert.", 0) == 0) return module_key.substr(5);
+    return module_key;
+  }
+  bool is_head_key(const std::string& k) const override {
+    return k.rfind("classifier.", 0) == 0 || k.rfind("cls.", 0) == 0 ||
+           k.rfind("bert.pooler.", 0) == 0;
+  }
+  void init_head() override {
+    torch::NoGradGuard g;
+    for (auto& p : named_parameters()) {
+      if (!is_head_key(p.key())) continue;
+      const auto& k = p.key();
+      if (k.find("LayerNorm.weight") != std::string::npos) p.value().fill_(1.0);
+      else if (k.size() >= 4 && k.substr(k.size() - 4) == "bias") p.value().zero_();
+      else p.value().normal_(0.0, c_.initializer_range);
+    }
+  }
+  torch::Tensor input_embeddings() override { return word_->weight; }
+
+ private:
+  BertConfig c_;
+  Head head_;
+  ModelSummary summary_;
+  torch::nn::Embedding word_{nullptr}, pos_{nullptr}, type_{nullptr};
+  LayerNorm emb_norm_{nullptr};
+  std::vector<std::shared_ptr<BertLayerImpl>> layers_;
+  Linear pooler_{nullptr}, classifier_{nullptr}, mlm_dense_{nullptr};
+  LayerNorm mlm_norm_{nullptr};
+  torch::Tensor mlm_bias_;
+};
+
+}  // namespace
+
+Head bert_head_from_config(const JsonFields& config) {
+  const std::string arch = first_architecture(config);
+  if (arch == "BertForSequenceClassification") return Head::kSequenceClassification;
+  if (arch == "BertForMaskedLM" || arch == "BertForPreTraining") return Head::kMaskedLM;
+  return Head::kBase;
+}
+
+ModelPtr make_bert(const JsonFields& config, Head head) {
+  EMOE_CHECK(head == Head::kBase || head == Head::kSequenceClassification || head == Head::kMaskedLM,
+             UsageError, "BERT supports the heads base, seqcls and mlm, not {}", head_name(head));
+  auto model = std::make_shared<BertModelImpl>(BertConfig::from_json(config), head);
+  auto j = config.raw();
+  j["architectures"] = {head == Head::kBase                     ? "BertModel"
+                        : head == Head::kSequenceClassification ? "BertForSequenceClassification"
+                                                                : "BertForMaskedLM"};
+  model->set_config_json(j);
+  return model;
+}
+
+}  // namespace emoe

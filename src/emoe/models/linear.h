@@ -1,0 +1,52 @@
+// A Linear layer that also stores GPT-2's Conv1D layout, with one hook for PEFT adapters.
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+
+namespace emoe {
+
+class LinearImpl;
+
+// PEFT methods (LoRA, (IA)^3, MoV, MoLoRA) wrap a Linear's computation through this hook.
+class LinearAdapter : public torch::nn::Module {
+ public:
+  // `base` is the frozen layer; implementations call base.base_forward(x) and add to it.
+  virtual torch::Tensor adapt(const torch::Tensor& x, LinearImpl& base) = 0;
+};
+
+struct LinearOptions {
+  int64_t in = 0;
+  int64_t out = 0;
+  bool bias = true;
+  // Conv1D storage (GPT-2): weight is [in, out] in the checkpoint and in named_parameters().
+  bool transposed = false;
+};
+
+class LinearImpl : public torch::nn::Module {
+ public:
+  explicit LinearImpl(const LinearOptions& options);
+  torch::Tensor forward(const torch::Tensor& x);
+  // x W^T + b, ignoring any adapter.
+  torch::Tensor base_forward(const torch::Tensor& x);
+  // The weight as [out, in] (a view for Conv1D storage; gradients flow through it).
+  torch::Tensor weight_out_in() const;
+  void reset_parameters(double std);  // normal(0, std) weight, zero bias (Hugging Face init)
+
+  // Attaches (or with nullptr removes) the adapter. Its direct children and parameters are
+  // registered on this layer, so keys read like PEFT's: `query.lora_A.weight`.
+  void set_adapter(std::shared_ptr<LinearAdapter> adapter);
+  const std::shared_ptr<LinearAdapter>& adapter() const { return adapter_; }
+
+  const LinearOptions& options() const { return options_; }
+  torch::Tensor weight;
+  torch::Tensor bias;
+
+ private:
+  LinearOptions options_;
+  std::shared_ptr<LinearAdapter> adapter_;
+};
+TORCH_MODULE(Linear);
+
+}  // namespace emoe

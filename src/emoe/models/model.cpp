@@ -1,0 +1,76 @@
+// Shared model helpers: head names, losses and the config written back with a checkpoint.
+#include "emoe/models/model.h"
+
+#include <torch/torch.h>
+
+#include "emoe/core/error.h"
+
+namespace emoe {
+
+std::string head_name(Head h) {
+  switch (h) {
+    case Head::kBase: return "base";
+    case Head::kSequenceClassification: return "seqcls";
+    case Head::kMaskedLM: return "mlm";
+    case Head::kCausalLM: return "lm";
+  }
+  return "?";
+}
+
+Head parse_head(const std::string& name) {
+  if (name == "base" || name == "none") return Head::kBase;
+  if (name == "seqcls" || name == "sequence-classification" || name == "cls")
+    return Head::kSequenceClassification;
+  if (name == "mlm" || name == "masked-lm") return Head::kMaskedLM;
+  if (name == "lm" || name == "causal-lm") return Head::kCausalLM;
+  EMOE_THROW(UsageError, "--head: expected base, seqcls, mlm or lm, got '{}'", name);
+}
+
+nlohmann::json PretrainedModelImpl::config_json() const { return config_json_; }
+
+torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
+  auto t = logits.size(1);
+  auto shifted = logits.narrow(1, 0, t - 1).reshape({-1, logits.size(-1)});
+  auto target = labels.narrow(1, 1, t - 1).reshape({-1}).to(logits.device());
+  return torch::nn::functional::cross_entropy(
+      shifted.to(torch::kFloat), target,
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+}
+
+torch::Tensor token_cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels) {
+  return torch::nn::functional::cross_entropy(
+      logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+      labels.reshape({-1}).to(logits.device()),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+}
+
+torch::Tensor sequence_classification_loss(const torch::Tensor& logits,
+                                           const torch::Tensor& labels, int64_t num_labels,
+                                           const std::string& problem_type) {
+  auto y = labels.to(logits.device());
+  std::string kind = problem_type;
+  if (kind.empty()) {
+    if (num_labels == 1) kind = "regression";
+    else if (y.scalar_type() == torch::kLong || y.scalar_type() == torch::kInt)
+      kind = "single_label_classification";
+    else kind = "multi_label_classification";
+  }
+  auto lf = logits.to(torch::kFloat);
+  if (kind == "regression")
+    return torch::mse_loss(lf.squeeze(-1), y.to(torch::kFloat).view(lf.squeeze(-1).sizes()));
+  if (kind == "single_label_classification")
+    return torch::nn::functional::cross_entropy(lf.view({-1, num_labels}), y.view({-1}).to(torch::kLong));
+  if (kind == "multi_label_classification")
+    return torch::binary_cross_entropy_with_logits(lf, y.to(torch::kFloat));
+  EMOE_THROW(InputError, "problem_type: expected regression, single_label_classification or "
+                         "multi_label_classification, got '{}'", problem_type);
+}
+
+torch::Tensor last_token_index(const torch::Tensor& input_ids, std::optional<int64_t> pad_id) {
+  const auto t = input_ids.size(1);
+  if (!pad_id) return torch::full({input_ids.size(0)}, t - 1, input_ids.options().dtype(torch::kLong));
+  auto idx = (input_ids == *pad_id).to(torch::kLong).argmax(-1) - 1;
+  return torch::remainder(idx, t);  // -1 -> last position, as Python indexing does
+}
+
+}  // namespace emoe

@@ -1,0 +1,90 @@
+// The interface every architecture implements: inputs, outputs, heads, checkpoint keys, FFN slots.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "emoe/models/attention.h"
+#include "emoe/models/ffn_slot.h"
+
+namespace emoe {
+
+enum class Head { kBase, kSequenceClassification, kMaskedLM, kCausalLM };
+std::string head_name(Head h);
+// "base", "seqcls"/"sequence-classification", "mlm", "lm"/"causal-lm".
+Head parse_head(const std::string& name);
+
+struct ModelSummary {
+  std::string model_type;  // bert, gpt2, llama
+  Head head = Head::kBase;
+  bool causal = false;     // decoder-only (GPT-2, Llama)
+  int64_t num_layers = 0, hidden_size = 0, num_heads = 0, num_kv_heads = 0;
+  int64_t intermediate_size = 0, vocab_size = 0, max_positions = 0, num_labels = 0;
+  std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
+  std::string activation;
+};
+
+struct ModelInputs {
+  torch::Tensor input_ids;       // [B, T] int64
+  torch::Tensor attention_mask;  // [B, S] 1 = real token (S = past + T), optional
+  torch::Tensor token_type_ids;  // [B, T] (BERT), optional
+  torch::Tensor position_ids;    // [B, T], optional (default past..past+T-1)
+  torch::Tensor labels;          // optional: a loss is computed when defined
+  bool output_hidden_states = false;
+  bool output_attentions = false;
+  KvCache* cache = nullptr;      // decoder-only models: read and extended in place
+};
+
+struct ModelOutputs {
+  torch::Tensor logits;             // head output (undefined for the base model)
+  torch::Tensor last_hidden_state;  // [B, T, H]
+  torch::Tensor pooler_output;      // BERT base model
+  torch::Tensor loss;               // when labels were given
+  std::vector<torch::Tensor> hidden_states;  // layers + 1 entries, when asked
+  std::vector<torch::Tensor> attentions;     // per layer [B, heads, T, S], when asked
+};
+
+class PretrainedModelImpl : public torch::nn::Module {
+ public:
+  virtual ModelOutputs forward(const ModelInputs& in) = 0;
+  virtual const ModelSummary& summary() const = 0;
+  virtual std::vector<FfnSlot*> ffn_slots() = 0;
+
+  // Load quirks: maps a checkpoint key to our module key ("" = a known key to ignore, such as
+  // GPT-2's attn.bias buffers or a tied lm_head copy).
+  virtual std::string module_key(const std::string& file_key) const = 0;
+  // Maps a module key to the key Hugging Face writes for this model class.
+  virtual std::string file_key(const std::string& module_key) const = 0;
+  // True for parameters of the task head (a new head may be initialised when they are missing).
+  virtual bool is_head_key(const std::string& module_key) const = 0;
+  // Re-initialises the task head as Hugging Face does (normal(0, initializer_range), zero bias).
+  virtual void init_head() = 0;
+  // The embedding matrix (for resizing, tying, and pretraining).
+  virtual torch::Tensor input_embeddings() = 0;
+
+  // config.json to write back: the original fields with architectures/num_labels updated.
+  nlohmann::json config_json() const;
+  void set_config_json(nlohmann::json j) { config_json_ = std::move(j); }
+
+ protected:
+  nlohmann::json config_json_;
+};
+using ModelPtr = std::shared_ptr<PretrainedModelImpl>;
+
+// Hugging Face losses: shifted causal-LM cross-entropy (ignore -100), masked-LM cross-entropy,
+// and sequence classification by problem type (regression when num_labels == 1).
+torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels);
+torch::Tensor token_cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels);
+torch::Tensor sequence_classification_loss(const torch::Tensor& logits,
+                                           const torch::Tensor& labels, int64_t num_labels,
+                                           const std::string& problem_type);
+
+// Hugging Face's pooled index for decoder classifiers: (first pad in the row) - 1, i.e. the
+// last position when a row has no pad or starts with one.
+torch::Tensor last_token_index(const torch::Tensor& input_ids, std::optional<int64_t> pad_id);
+
+}  // namespace emoe

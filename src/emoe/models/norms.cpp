@@ -1,0 +1,28 @@
+// LayerNorm and RMSNorm.
+#include "emoe/models/norms.h"
+
+#include <torch/torch.h>
+
+namespace emoe {
+
+LayerNormImpl::LayerNormImpl(int64_t dim, double eps) : dim_(dim), eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+  bias = register_parameter("bias", torch::zeros({dim}));
+}
+
+torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
+  return torch::layer_norm(x, {dim_}, weight, bias, eps_);
+}
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  auto h = x.to(torch::kFloat);
+  auto var = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * torch::rsqrt(var + eps_);
+  return weight * h.to(x.scalar_type());
+}
+
+}  // namespace emoe

@@ -1,0 +1,32 @@
+// Normalisation layers: LayerNorm (BERT, GPT-2) and RMSNorm (Llama, T5), with HF parameter names.
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+namespace emoe {
+
+class LayerNormImpl : public torch::nn::Module {
+ public:
+  LayerNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+
+ private:
+  int64_t dim_;
+  double eps_;
+};
+TORCH_MODULE(LayerNorm);
+
+// Llama's RMSNorm: statistics in float32, result cast back, then scaled (HF LlamaRMSNorm).
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+}  // namespace emoe

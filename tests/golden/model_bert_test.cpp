@@ -1,0 +1,74 @@
+// Golden tests: tiny BERT models against Hugging Face transformers' outputs.
+#include "emoe/io/safetensors.h"
+#include "emoe/models/loader.h"
+#include "support/test_support.h"
+
+using emoe::test::max_abs_diff;
+
+namespace {
+constexpr double kTol = 1e-4;
+}
+
+TEST(BertGolden, BaseModelHiddenStatesPoolerAttentions) {
+  EMOE_REQUIRE_SHARED(dir, "fixtures/tiny/bert_model");
+  auto fx = emoe::load_safetensors(dir + "/fixture.safetensors");
+  auto model = emoe::load_model(dir);
+  EXPECT_EQ(model->summary().head, emoe::Head::kBase);
+  emoe::ModelInputs in;
+  in.input_ids = fx["input_ids"];
+  in.attention_mask = fx["attention_mask"];
+  in.token_type_ids = fx["token_type_ids"];
+  in.output_hidden_states = true;
+  in.output_attentions = true;
+  auto out = model->forward(in);
+  ASSERT_EQ(out.hidden_states.size(), 3u);
+  auto hs = torch::stack(out.hidden_states);
+  EXPECT_LT(max_abs_diff(hs, fx["hidden_states"]), kTol);
+  EXPECT_LT(max_abs_diff(out.last_hidden_state, fx["last_hidden_state"]), kTol);
+  EXPECT_LT(max_abs_diff(out.pooler_output, fx["pooler_output"]), kTol);
+  EXPECT_LT(max_abs_diff(torch::stack(out.attentions), fx["attentions"]), kTol);
+}
+
+TEST(BertGolden, SequenceClassificationLogitsAndLoss) {
+  EMOE_REQUIRE_SHARED(dir, "fixtures/tiny/bert_seqcls");
+  auto fx = emoe::load_safetensors(dir + "/fixture.safetensors");
+  auto model = emoe::load_model(dir);
+  EXPECT_EQ(model->summary().head, emoe::Head::kSequenceClassification);
+  EXPECT_EQ(model->summary().num_labels, 3);
+  emoe::ModelInputs in;
+  in.input_ids = fx["input_ids"];
+  in.attention_mask = fx["attention_mask"];
+  in.token_type_ids = fx["token_type_ids"];
+  in.labels = fx["labels"];
+  in.output_hidden_states = true;
+  auto out = model->forward(in);
+  EXPECT_LT(max_abs_diff(out.logits, fx["logits"]), kTol);
+  EXPECT_LT(max_abs_diff(out.loss, fx["loss"]), kTol);
+  EXPECT_LT(max_abs_diff(torch::stack(out.hidden_states), fx["hidden_states"]), kTol);
+}
+
+TEST(BertGolden, BertMiniMaskedLm) {
+  EMOE_REQUIRE_SHARED(dir, "models/bert-mini");
+  EMOE_REQUIRE_SHARED(fxdir, "fixtures/bert-mini");
+  auto fx = emoe::load_safetensors(fxdir + "/fixture.safetensors");
+  auto model = emoe::load_model(dir);
+  EXPECT_EQ(model->summary().head, emoe::Head::kMaskedLM);
+  emoe::ModelInputs in;
+  in.input_ids = fx["input_ids"];
+  in.attention_mask = fx["attention_mask"];
+  in.token_type_ids = fx["token_type_ids"];
+  in.output_hidden_states = true;
+  auto out = model->forward(in);
+  auto m = fx["attention_mask"];
+  EXPECT_LT(emoe::test::max_abs_diff_masked(out.logits, fx["logits"], m), kTol);
+  auto hs = torch::stack(out.hidden_states);
+  for (int64_t l = 0; l < hs.size(0); ++l)
+    EXPECT_LT(emoe::test::max_abs_diff_masked(hs[l], fx["hidden_states"][l], m), kTol) << "layer " << l;
+
+  emoe::ModelInputs pair;
+  pair.input_ids = fx["pair.input_ids"];
+  pair.attention_mask = fx["pair.attention_mask"];
+  pair.token_type_ids = fx["pair.token_type_ids"];
+  auto pout = model->forward(pair);
+  EXPECT_LT(max_abs_diff(pout.logits, fx["pair.logits"]), kTol);
+}
