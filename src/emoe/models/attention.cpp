@@ -28,6 +28,17 @@ at::Tensor build_block_mask(const at::Tensor& attention_mask, int64_t t, int64_t
   return blocked;
 }
 
+// The most negative finite value of a floating dtype: a blocked score that stays finite, so a
+// fully blocked row (a pad query) gives a uniform softmax instead of NaN.
+static at::Scalar lowest_value(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return at::Scalar(static_cast<float>(std::numeric_limits<c10::BFloat16>::lowest()));
+    case at::kHalf: return at::Scalar(-65504.0f);
+    case at::kDouble: return at::Scalar(std::numeric_limits<double>::lowest());
+    default: return at::Scalar(std::numeric_limits<float>::lowest());
+  }
+}
+
 at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& block_mask, double scale, double dropout_p,
                             bool training, at::Tensor* probs) {
@@ -45,8 +56,7 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::
   }
   auto scores = torch::matmul(q, kk.transpose(-2, -1));
   if (scale != 1.0) scores = scores * scale;
-  if (block_mask.defined())
-    scores = scores.masked_fill(block_mask, std::numeric_limits<float>::lowest());
+  if (block_mask.defined()) scores = scores.masked_fill(block_mask, lowest_value(scores.scalar_type()));
   auto p = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
   if (probs) *probs = p;
   if (training && dropout_p > 0) p = torch::dropout(p, dropout_p, true);
