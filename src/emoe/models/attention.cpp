@@ -57,7 +57,8 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::
   auto scores = torch::matmul(q, kk.transpose(-2, -1));
   if (scale != 1.0) scores = scores * scale;
   if (block_mask.defined()) scores = scores.masked_fill(block_mask, lowest_value(scores.scalar_type()));
-  auto p = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
+  auto acc = q.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  auto p = torch::softmax(scores, -1, acc).to(q.scalar_type());
   if (probs) *probs = p;
   if (training && dropout_p > 0) p = torch::dropout(p, dropout_p, true);
   return torch::matmul(p, vv);

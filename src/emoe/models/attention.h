@@ -24,7 +24,7 @@ at::Tensor build_block_mask(const at::Tensor& attention_mask, int64_t t, int64_t
 
 // softmax(q k^T * scale, blocked -> lowest) v with q [B,Hq,T,D], k/v [B,Hkv,S,D]; Hq must be a
 // multiple of Hkv (grouped-query attention: query head h reads kv head h / (Hq/Hkv)).
-// The softmax runs in float32. `probs`, when given, receives the attention probabilities.
+// The softmax runs in float32 (float64 for float64 inputs). `probs`, when given, receives the attention probabilities.
 at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& block_mask, double scale, double dropout_p,
                             bool training, at::Tensor* probs = nullptr);

@@ -115,10 +115,12 @@ void load_weights(PretrainedModelImpl& model, const CheckpointReader& ckpt, bool
     spdlog::info("ignored {} tensor(s) of another head ({})", dropped.size(), fmt::join(dropped, ", "));
 }
 
-ModelPtr load_model(const std::string& dir, const LoadOptions& options) {
+ModelPtr load_model(const std::string& dir, const LoadOptions& options,
+                    const std::function<void(PretrainedModelImpl&)>& prepare) {
   JsonFields config = read_model_config(dir);
   Head head = options.head.value_or(default_head(config));
   auto model = create_model(config, head, options.num_labels);
+  if (prepare) prepare(*model);
   CheckpointReader ckpt(dir);
   load_weights(*model, ckpt, options.allow_new_head);
   model->to(options.device, options.dtype);

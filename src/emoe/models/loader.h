@@ -3,6 +3,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -33,8 +34,11 @@ ModelPtr create_model(const JsonFields& config, Head head,
 // unexpected and wrong-shaped tensor, e.g. "x.weight: expected [8, 4], got [4, 8]".
 void load_weights(PretrainedModelImpl& model, const CheckpointReader& ckpt, bool allow_new_head);
 
-// config.json + weights from a Hugging Face model folder.
-ModelPtr load_model(const std::string& dir, const LoadOptions& options = {});
+// config.json + weights from a Hugging Face model folder. `prepare`, when given, runs on the
+// freshly built model before its weights are loaded (e.g. to attach MoE plugs whose weights the
+// checkpoint holds).
+ModelPtr load_model(const std::string& dir, const LoadOptions& options = {},
+                    const std::function<void(PretrainedModelImpl&)>& prepare = {});
 
 // The model's tensors under the keys Hugging Face writes (tied weights once).
 std::vector<std::pair<std::string, torch::Tensor>> model_state(PretrainedModelImpl& model);

@@ -19,7 +19,8 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  auto h = x.to(torch::kFloat);
+  // statistics in float32 at least (float64 stays float64)
+  auto h = x.scalar_type() == torch::kDouble ? x : x.to(torch::kFloat);
   auto var = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * torch::rsqrt(var + eps_);
   return weight * h.to(x.scalar_type());

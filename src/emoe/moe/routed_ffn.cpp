@@ -1,0 +1,193 @@
+// MoE FFN plugs: routing of real tokens, masked and dispatched expert computation, GMoE experts.
+#include "emoe/moe/routed_ffn.h"
+
+#include <torch/torch.h>
+
+#include "emoe/core/error.h"
+
+namespace emoe {
+
+void RoutedFfnImpl::set_gate(std::shared_ptr<GateImpl> gate) {
+  gate_ = std::move(gate);
+  register_module("gate", gate_);
+}
+
+torch::Tensor RoutedFfnImpl::take_usage(bool training) {
+  auto& c = training ? train_counts_ : eval_counts_;
+  auto out = c.defined() ? c : torch::zeros({cfg_.experts}, torch::kLong);
+  c = torch::Tensor();
+  return out;
+}
+
+torch::Tensor RoutedFfnImpl::run(const torch::Tensor& x, const torch::Tensor& token_mask,
+                                 FfnSlot& slot) {
+  if (dense_override_) return slot.dense_ffn(x);
+  const auto sizes = x.sizes().vec();
+  const int64_t d = x.size(-1);
+  auto flat = x.reshape({-1, d});
+  torch::Tensor idx;  // rows of real tokens, when some are padding
+  if (token_mask.defined()) {
+    auto m = token_mask.reshape({-1}).to(flat.device()) != 0;
+    if (!m.all().item<bool>()) idx = m.nonzero().squeeze(1);
+  }
+  auto xr = idx.defined() ? flat.index_select(0, idx) : flat;
+  auto logits = gate_->logits(xr, slot);
+  if (allowed_.defined())
+    logits = logits.masked_fill(allowed_.to(logits.device()).logical_not().unsqueeze(0),
+                                -std::numeric_limits<float>::infinity());
+  auto r = route_tokens(logits, cfg_, is_training());
+  aux_loss_ = r.aux_loss;
+  {
+    torch::NoGradGuard g;
+    auto counts = expert_counts(r, cfg_.experts);
+    auto& acc = is_training() ? train_counts_ : eval_counts_;
+    acc = acc.defined() ? acc + counts : counts;
+  }
+  auto y = compute(xr, r, slot);
+  if (!idx.defined()) return y.view(sizes);
+  // Padding tokens skip the FFN: they get the output bias only.
+  auto b_out = slot.ffn_view().b_out;
+  auto out = b_out.defined() ? b_out.to(y.scalar_type()).expand({flat.size(0), d}).clone()
+                             : torch::zeros({flat.size(0), d}, y.options());
+  out = out.index_copy(0, idx, y);
+  return out.view(sizes);
+}
+
+torch::Tensor ffn_math(const torch::Tensor& x, const torch::Tensor& w_in, const torch::Tensor& b_in,
+                       const torch::Tensor& w_up, const torch::Tensor& w_out,
+                       const torch::Tensor& b_out, Activation act, double preact_dropout,
+                       bool training) {
+  auto pre = torch::linear(x, w_in, b_in);
+  if (preact_dropout > 0) pre = torch::dropout(pre, preact_dropout, training);
+  auto h = activate(pre, act);
+  if (w_up.defined()) h = h * torch::linear(x, w_up);
+  return torch::linear(h, w_out, b_out);
+}
+
+// --- EMoE / EMoE-learn / MoEfication -----------------------------------------------------------
+
+ExpertFfnImpl::ExpertFfnImpl(const MoeConfig& cfg, FfnSlot& slot)
+    : RoutedFfnImpl(cfg, slot.layer_index()) {
+  check_expert_count(slot.ffn_view().d_ff(), cfg.experts, "experts");
+  set_gate(make_gate(cfg, slot));
+}
+
+torch::Tensor ExpertFfnImpl::compute(const torch::Tensor& x, const Routing& r, FfnSlot& slot) {
+  return cfg_.execution == Execution::kMasked ? compute_masked(x, r, slot)
+                                              : compute_dispatched(x, r, slot);
+}
+
+torch::Tensor ExpertFfnImpl::compute_masked(const torch::Tensor& x, const Routing& r, FfnSlot& slot) {
+  const int64_t n = x.size(0), e = cfg_.experts;
+  torch::Tensor h;
+  if (cfg_.preact_dropout > 0 && is_training()) {
+    auto v = slot.ffn_view();
+    auto pre = torch::dropout(torch::linear(x, v.w_in, v.b_in), cfg_.preact_dropout, true);
+    h = activate(pre, v.act);
+    if (v.gated()) h = h * torch::linear(x, v.w_up);
+  } else {
+    h = slot.ffn_hidden(x);
+  }
+  const int64_t d_ff = h.size(-1);
+  auto mask = torch::zeros({n, e}, h.options()).scatter_add(1, r.experts, r.weights.to(h.scalar_type()));
+  h = (h.view({n, e, d_ff / e}) * mask.unsqueeze(-1)).view({n, d_ff});
+  return slot.ffn_output(h);
+}
+
+torch::Tensor ExpertFfnImpl::compute_dispatched(const torch::Tensor& x, const Routing& r,
+                                                FfnSlot& slot) {
+  auto v = slot.ffn_view();
+  const int64_t n = x.size(0), d = x.size(1), e = cfg_.experts, k = r.experts.size(1);
+  const int64_t s = v.d_ff() / e;
+  auto opts_long = r.experts.options();
+  // (token, choice) pairs that are kept, grouped by expert
+  auto flat_e = r.experts.reshape({-1});
+  auto flat_w = r.weights.reshape({-1});
+  auto flat_t = torch::arange(n, opts_long).repeat_interleave(k);
+  auto kept = (flat_w != 0).nonzero().squeeze(1);
+  flat_e = flat_e.index_select(0, kept);
+  flat_w = flat_w.index_select(0, kept);
+  flat_t = flat_t.index_select(0, kept);
+  auto order = flat_e.argsort();
+  flat_e = flat_e.index_select(0, order);
+  flat_w = flat_w.index_select(0, order);
+  flat_t = flat_t.index_select(0, order);
+  auto counts = torch::zeros({e}, opts_long).index_add_(0, flat_e, torch::ones_like(flat_e));
+  const int64_t cap = flat_e.numel() == 0 ? 0 : counts.max().item<int64_t>();
+  auto out = torch::zeros({n + 1, d}, x.options());
+  if (cap > 0) {
+    auto starts = counts.cumsum(0) - counts;
+    auto slot_pos = torch::arange(flat_e.numel(), opts_long) - starts.index_select(0, flat_e);
+    auto cell = flat_e * cap + slot_pos;  // position in the padded [E, C] grid
+    auto token_grid = torch::full({e * cap}, n, opts_long).index_copy(0, cell, flat_t);
+    auto weight_grid = torch::zeros({e * cap}, x.options()).index_copy(0, cell, flat_w.to(x.scalar_type()));
+    auto xp = torch::cat({x, torch::zeros({1, d}, x.options())}, 0);
+    auto xg = xp.index_select(0, token_grid).view({e, cap, d});
+    auto w_in = v.w_in.reshape({e, s, d});
+    auto pre = torch::bmm(xg, w_in.transpose(1, 2));  // [E, C, s]
+    if (v.b_in.defined()) pre = pre + v.b_in.view({e, 1, s});
+    if (cfg_.preact_dropout > 0) pre = torch::dropout(pre, cfg_.preact_dropout, is_training());
+    auto h = activate(pre, v.act);
+    if (v.gated()) h = h * torch::bmm(xg, v.w_up.reshape({e, s, d}).transpose(1, 2));
+    auto w_out = v.w_out.reshape({d, e, s}).permute({1, 2, 0});  // [E, s, d]
+    auto y = torch::bmm(h, w_out) * weight_grid.view({e, cap, 1});
+    out = out.index_add(0, token_grid, y.reshape({e * cap, d}));
+  }
+  out = out.narrow(0, 0, n);
+  if (v.b_out.defined()) out = out + v.b_out;
+  return out;
+}
+
+// --- GMoE ---------------------------------------------------------------------------------------
+
+UpcycledFfnImpl::UpcycledFfnImpl(const MoeConfig& cfg, FfnSlot& slot)
+    : RoutedFfnImpl(cfg, slot.layer_index()) {
+  EMOE_CHECK(cfg.experts >= 1, UsageError, "gmoe: expected >= 1 experts");
+  auto v = slot.ffn_view();
+  const int64_t c = cfg.experts - 1;
+  torch::NoGradGuard g;
+  auto copies = [&](const torch::Tensor& t) {
+    auto shape = t.sizes().vec();
+    shape.insert(shape.begin(), c);
+    return t.detach().unsqueeze(0).expand(shape).clone().contiguous();
+  };
+  w_in = register_parameter("w_in", copies(v.w_in));
+  if (v.b_in.defined()) b_in = register_parameter("b_in", copies(v.b_in));
+  if (v.w_up.defined()) w_up = register_parameter("w_up", copies(v.w_up));
+  w_out = register_parameter("w_out", copies(v.w_out));
+  if (v.b_out.defined()) b_out = register_parameter("b_out", copies(v.b_out));
+  set_gate(make_gate(cfg, slot));
+}
+
+torch::Tensor UpcycledFfnImpl::expert_forward(int64_t e, const torch::Tensor& x, FfnSlot& slot) {
+  if (e == 0) return slot.dense_ffn(x);
+  auto opt = [&](const torch::Tensor& t) { return t.defined() ? t[e - 1] : torch::Tensor(); };
+  auto v = slot.ffn_view();
+  return ffn_math(x, w_in[e - 1], opt(b_in), opt(w_up), w_out[e - 1], opt(b_out), v.act,
+                  cfg_.preact_dropout, is_training());
+}
+
+torch::Tensor UpcycledFfnImpl::compute(const torch::Tensor& x, const Routing& r, FfnSlot& slot) {
+  const int64_t n = x.size(0), e = cfg_.experts;
+  auto out = torch::zeros({n, x.size(1)}, x.options());
+  if (cfg_.execution == Execution::kMasked) {
+    // every expert on every token, weighted by the (mostly zero) dense combine matrix
+    auto mask = torch::zeros({n, e}, x.options()).scatter_add(1, r.experts, r.weights.to(x.scalar_type()));
+    for (int64_t j = 0; j < e; ++j) out = out + expert_forward(j, x, slot) * mask.select(1, j).unsqueeze(1);
+    return out;
+  }
+  const int64_t k = r.experts.size(1);
+  auto flat_e = r.experts.reshape({-1});
+  auto flat_w = r.weights.reshape({-1});
+  auto flat_t = torch::arange(n, r.experts.options()).repeat_interleave(k);
+  for (int64_t j = 0; j < e; ++j) {
+    auto sel = torch::logical_and(flat_e == j, flat_w != 0).nonzero().squeeze(1);
+    if (sel.numel() == 0) continue;
+    auto tok = flat_t.index_select(0, sel);
+    auto w = flat_w.index_select(0, sel).to(x.scalar_type()).unsqueeze(1);
+    out = out.index_add(0, tok, expert_forward(j, x.index_select(0, tok), slot) * w);
+  }
+  return out;
+}
+
+}  // namespace emoe

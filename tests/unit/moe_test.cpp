@@ -1,0 +1,237 @@
+// MoE layer behaviour: gates, routing, capacity, balance losses, padding, usage, moe.json, MoEfication.
+#include <fstream>
+
+#include "emoe/core/error.h"
+#include "emoe/models/loader.h"
+#include "emoe/moe/balance.h"
+#include "emoe/moe/convert.h"
+#include "emoe/moe/gates.h"
+#include "emoe/moe/moefication.h"
+#include "emoe/moe/routing.h"
+#include "support/test_support.h"
+
+namespace {
+
+emoe::ModelPtr tiny_llama() {
+  nlohmann::json j = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}},
+                      {"hidden_size", 16}, {"intermediate_size", 32}, {"num_hidden_layers", 2},
+                      {"num_attention_heads", 2}, {"num_key_value_heads", 1}, {"vocab_size", 50},
+                      {"max_position_embeddings", 32}};
+  torch::manual_seed(0);
+  return emoe::create_model(emoe::JsonFields(j, "config.json"), emoe::Head::kCausalLM);
+}
+
+emoe::ModelPtr tiny_bert() {
+  nlohmann::json j = {{"model_type", "bert"}, {"hidden_size", 16}, {"intermediate_size", 32},
+                      {"num_hidden_layers", 2}, {"num_attention_heads", 2}, {"vocab_size", 50},
+                      {"max_position_embeddings", 32}};
+  torch::manual_seed(0);
+  auto m = emoe::create_model(emoe::JsonFields(j, "config.json"), emoe::Head::kSequenceClassification, 2);
+  torch::NoGradGuard g;
+  for (auto& p : m->parameters()) p.normal_(0, 0.3);
+  return m;
+}
+
+}  // namespace
+
+TEST(BalanceLosses, MatchHandComputedValues) {
+  // importance = [0.5+0.25, 0.5+0.75] = [0.75, 1.25]: mean 1, unbiased var 0.125
+  auto logits = torch::log(torch::tensor({{0.5, 0.5}, {0.25, 0.75}}, torch::kFloat));
+  EXPECT_NEAR(emoe::cv_squared(torch::tensor({0.75f, 1.25f})).item<double>(), 0.125, 1e-6);
+  auto top = torch::tensor({{0L}, {1L}});
+  // switch: f = [0.5, 0.5], P = [0.375, 0.625] -> 2 * (0.1875 + 0.3125) = 1
+  EXPECT_NEAR(emoe::switch_loss(logits.softmax(-1), top).item<double>(), 1.0, 1e-6);
+  // z-loss: logsumexp of log-probabilities is 0 -> 0; of [0, 0] is ln 2
+  EXPECT_NEAR(emoe::z_loss(logits).item<double>(), 0.0, 1e-6);
+  EXPECT_NEAR(emoe::z_loss(torch::zeros({3, 2})).item<double>(), std::pow(std::log(2.0), 2), 1e-6);
+  // importance+load with k = 1, clean = noisy: threshold = own max logit. Token 0: diff = [0, 0]
+  // -> cdf 0.5, 0.5. Token 1: diffs ln(.25)-ln(.75) = -ln 3, 0 -> [Phi(-ln3/s), 0.5].
+  double s = 0.5;
+  auto top1 = torch::tensor({{0L}, {1L}});
+  double phi = 0.5 * (1 + std::erf(-std::log(3.0) / (s * std::sqrt(2.0))));
+  double l0 = 0.5 + 0.5 * 0 + 0.5, l1 = 0.5 + 0.5;
+  l0 = 0.5 + phi;
+  double mean = (l0 + l1) / 2, var = ((l0 - mean) * (l0 - mean) + (l1 - mean) * (l1 - mean));
+  double want = 0.5 * (0.125 + var / (mean * mean + 1e-10));
+  EXPECT_NEAR(emoe::importance_load_loss(logits, logits, top1, s, false).item<double>(), want, 1e-5);
+}
+
+TEST(Routing, TopKMaskWeightsAndCapacity) {
+  auto cfg = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
+  cfg.experts = 4;
+  cfg.topk = 2;
+  auto logits = torch::tensor({{4.f, 3.f, 0.f, 0.f}, {4.f, 0.f, 3.f, 0.f}, {4.f, 0.f, 0.f, 3.f},
+                               {5.f, 0.f, 0.f, 1.f}});
+  auto r = emoe::route_tokens(logits, cfg, false);
+  EXPECT_TRUE(torch::equal(r.experts.select(1, 0), torch::tensor({0L, 0L, 0L, 0L})));
+  EXPECT_TRUE(torch::equal(r.weights, torch::ones({4, 2})));
+  EXPECT_TRUE(torch::equal(emoe::expert_counts(r, 4), torch::tensor({4L, 1L, 1L, 2L})));
+  // capacity k * int(0.5 * ceil(4/4)) = 0 -> everything dropped; factor 2 -> cap 2*2 = 4 keeps all
+  cfg.capacity_factor = 2.0;
+  r = emoe::route_tokens(logits, cfg, false);
+  EXPECT_EQ(emoe::expert_counts(r, 4).sum().item<int64_t>(), 8);
+  // factor 1 -> capacity 2: expert 0 keeps its 2 most confident tokens (rows 3 and 0)
+  cfg.capacity_factor = 1.0;
+  r = emoe::route_tokens(logits, cfg, false);
+  auto kept0 = (r.weights.select(1, 0) != 0);
+  EXPECT_TRUE(torch::equal(kept0, torch::tensor({true, false, false, true})));
+  // weighted: renormalised probabilities sum to one
+  cfg.capacity_factor = 0;
+  cfg.weighted = true;
+  r = emoe::route_tokens(logits, cfg, false);
+  EXPECT_TRUE(torch::allclose(r.weights.sum(1), torch::ones({4})));
+}
+
+TEST(EmoeLayer, AvgKGateFollowsTheKeysAfterAnOptimiserStep) {
+  auto model = tiny_llama();
+  auto cfg = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
+  cfg.experts = 4;
+  cfg.topk = 2;
+  cfg.layers = {1};
+  emoe::convert_to_moe(*model, cfg);
+  auto* slot = model->ffn_slots()[1];
+  auto x = torch::randn({5, 16});
+  auto& gate = *emoe::moe_plugs(*model)[0]->gate();
+  auto before = gate.logits(x, *slot).detach().clone();
+  torch::optim::SGD opt(model->parameters(), 0.5);
+  emoe::ModelInputs in;
+  in.input_ids = torch::randint(0, 50, {2, 8}, torch::kLong);
+  in.labels = in.input_ids;
+  model->train();
+  model->forward(in).loss.backward();
+  opt.step();
+  auto keys = slot->ffn_view().w_in.detach();
+  auto expected = x.matmul(keys.view({4, 8, 16}).mean(1).t());
+  auto after = gate.logits(x, *slot).detach();
+  EXPECT_FALSE(torch::allclose(before, after));
+  EXPECT_TRUE(torch::allclose(after, expected, 1e-6, 1e-6));
+  EXPECT_TRUE(gate.parameters().empty());
+}
+
+TEST(EmoeLayer, PaddingIsNotCountedAndAuxLossIsProduced) {
+  auto model = tiny_bert();
+  auto cfg = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
+  cfg.experts = 4;
+  cfg.topk = 2;
+  cfg.layers = {0, 1};
+  cfg.enable_tutel_parity();
+  emoe::convert_to_moe(*model, cfg);
+  emoe::ModelInputs in;
+  in.input_ids = torch::randint(1, 50, {2, 6}, torch::kLong);
+  in.attention_mask = torch::tensor({{1, 1, 1, 1, 1, 1}, {1, 1, 1, 0, 0, 0}});
+  in.labels = torch::tensor({0L, 1L});
+  model->train();
+  auto out = model->forward(in);
+  auto aux = emoe::collect_aux_loss(*model);
+  ASSERT_TRUE(aux.defined());
+  EXPECT_GT(aux.item<double>(), 0.0);
+  (out.loss + aux).backward();
+  for (auto* p : emoe::moe_plugs(*model)) {
+    auto counts = p->take_usage(true);
+    EXPECT_LE(counts.sum().item<int64_t>(), 9 * 2);  // 9 real tokens, k = 2 (capacity may drop)
+    EXPECT_GT(counts.sum().item<int64_t>(), 0);
+    EXPECT_EQ(p->take_usage(true).sum().item<int64_t>(), 0) << "taking resets the counts";
+  }
+  model->eval();
+  for (auto* p : emoe::moe_plugs(*model)) p->mutable_config().capacity_factor = 0;
+  model->forward(in);
+  for (auto* p : emoe::moe_plugs(*model)) EXPECT_EQ(p->take_usage(false).sum().item<int64_t>(), 18);
+}
+
+TEST(EmoeLayer, ConvertedFolderRoundTripsThroughMoeJson) {
+  for (auto method : {emoe::MoeMethod::kEmoe, emoe::MoeMethod::kEmoeLearn, emoe::MoeMethod::kGmoe}) {
+    SCOPED_TRACE(emoe::to_string(method));
+    auto model = tiny_bert();
+    auto cfg = emoe::MoeConfig::for_method(method);
+    cfg.experts = 4;
+    cfg.topk = 2;
+    cfg.layers = {1};
+    if (method == emoe::MoeMethod::kEmoeLearn) cfg.gate = emoe::GateKind::kCosine;
+    auto state = emoe::convert_to_moe(*model, cfg);
+    emoe::test::TempDir tmp;
+    emoe::save_moe_model(*model, state, tmp.path());
+    emoe::MoeState loaded;
+    auto m2 = emoe::load_any_model(tmp.path(), {}, &loaded);
+    EXPECT_EQ(loaded.config.method, method);
+    EXPECT_EQ(loaded.splits.at(1).permutation, state.splits.at(1).permutation);
+    model->eval();
+    emoe::ModelInputs in;
+    in.input_ids = torch::randint(1, 50, {2, 7}, torch::kLong);
+    EXPECT_TRUE(torch::allclose(model->forward(in).logits, m2->forward(in).logits, 1e-6, 1e-6));
+    EXPECT_EQ(emoe::count_parameters(*m2).total, emoe::count_parameters(*model).total);
+  }
+  // a corrupt moe.json is one clear error
+  auto model = tiny_bert();
+  auto cfg = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
+  cfg.experts = 4;
+  cfg.topk = 1;
+  cfg.layers = {0};
+  auto state = emoe::convert_to_moe(*model, cfg);
+  state.splits[0].permutation[0] = state.splits[0].permutation[1];
+  emoe::test::TempDir tmp;
+  emoe::save_moe_model(*model, state, tmp.path());
+  try {
+    emoe::load_any_model(tmp.path());
+    FAIL();
+  } catch (const emoe::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("moe.json: layers.0.permutation is not a permutation"), std::string::npos) << e.what();
+  }
+}
+
+TEST(EmoeLayer, ConfigErrorsAreClear) {
+  auto model = tiny_bert();
+  auto cfg = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
+  cfg.experts = 5;
+  cfg.topk = 2;
+  cfg.layers = {0};
+  try {
+    emoe::convert_to_moe(*model, cfg);
+    FAIL();
+  } catch (const emoe::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("d_ff 32 is not divisible by N = 5 experts; valid N: 1 2 4 8 16 32"), std::string::npos) << e.what();
+  }
+  cfg.experts = 4;
+  cfg.topk = 5;
+  EXPECT_THROW(emoe::convert_to_moe(*model, cfg), emoe::UsageError);
+  cfg.topk = 2;
+  cfg.layers = {7};
+  EXPECT_THROW(emoe::convert_to_moe(*model, cfg), emoe::UsageError);
+  EXPECT_EQ(emoe::default_moe_layers(32), (std::vector<int64_t>{28, 30}));
+  EXPECT_EQ(emoe::default_moe_layers(12), (std::vector<int64_t>{8, 10}));
+  EXPECT_EQ(emoe::parse_layer_list("1,3-4", 6), (std::vector<int64_t>{1, 3, 4}));
+  EXPECT_THROW(emoe::parse_layer_list("x", 6), emoe::UsageError);
+}
+
+TEST(Moefication, RouterLearnsActivationSharesAndDispatchMatchesMasked) {
+  auto model = tiny_llama();
+  std::vector<emoe::ModelInputs> sample;
+  for (int i = 0; i < 4; ++i) {
+    emoe::ModelInputs in;
+    in.input_ids = torch::randint(0, 50, {4, 16}, torch::kLong);
+    sample.push_back(in);
+  }
+  auto cfg = emoe::MoeConfig::for_method(emoe::MoeMethod::kMoefication);
+  cfg.experts = 4;
+  cfg.topk = 2;
+  cfg.layers = {0, 1};
+  auto acts = emoe::collect_ffn_activations(*model, {0}, sample, 1000);
+  EXPECT_EQ(acts.inputs[0].size(0), 4 * 4 * 16);
+  auto state = emoe::convert_to_moe(*model, cfg, sample);
+  auto plugs = emoe::moe_plugs(*model);
+  ASSERT_EQ(plugs.size(), 2u);
+  // router quality: its top-1 matches the true top expert more often than chance (1/4)
+  auto* slot = model->ffn_slots()[0];
+  auto x = acts.inputs[0];
+  auto h = slot->ffn_hidden(x).detach();
+  auto share = emoe::expert_activation_share(h, 4, true);
+  auto pred = plugs[0]->gate()->logits(x, *slot).argmax(1);
+  double agree = (pred == share.argmax(1)).to(torch::kFloat).mean().item<double>();
+  EXPECT_GT(agree, 0.4);
+  emoe::ModelInputs in;
+  in.input_ids = torch::randint(0, 50, {2, 9}, torch::kLong);
+  torch::NoGradGuard g;
+  auto a = model->forward(in).logits;
+  for (auto* p : plugs) p->mutable_config().execution = emoe::Execution::kMasked;
+  auto b = model->forward(in).logits;
+  EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-5));
+}
