@@ -1,18 +1,47 @@
 // emoe command-line tool: parses subcommands and turns library errors into exit codes.
 #include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
 
 #include <iostream>
 
+#include "commands.h"
 #include "emoe/core/error.h"
 #include "emoe/core/logging.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"emoe: Mixture-of-Experts fine-tuning for Hugging Face transformers"};
   app.require_subcommand(1);
+  app.fallthrough();  // -v/-q work after the subcommand too
+  app.set_version_flag("--version", std::string("emoe ") + EMOE_VERSION);
+  int verbosity = 1;
+  emoe::init_logging(verbosity);
+  app.add_flag_function(
+      "-v,--verbose", [&](int64_t n) { verbosity = 1 + static_cast<int>(n); }, "More log output");
+  app.add_flag_function("-q,--quiet", [&](int64_t) { verbosity = 0; }, "Warnings and errors only");
+  app.parse_complete_callback([&] { emoe::init_logging(verbosity); });
+  emoe::cli::register_info(app);
+  emoe::cli::register_generate(app);
+  emoe::cli::register_forward(app);
+  emoe::cli::register_tokenize(app);
+  emoe::cli::register_convert(app);
+  emoe::cli::register_export(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  } catch (const emoe::InputError& e) {
+    std::cerr << "emoe: error: " << e.what() << "\n";
+    return 2;
+  } catch (const emoe::RuntimeError& e) {
+    std::cerr << "emoe: error: " << e.what() << "\n";
+    return 1;
+  } catch (const c10::Error& e) {
+    std::cerr << "emoe: error: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "emoe: error: " << e.what() << "\n";
+    return 1;
   }
   return 0;
 }

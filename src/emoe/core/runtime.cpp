@@ -4,6 +4,8 @@
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
 
+#include <malloc.h>
+
 #include <cstdlib>
 #include <thread>
 
@@ -11,7 +13,19 @@
 
 namespace emoe {
 
+void tune_allocator() {
+  // Training allocates and frees the same large activation buffers every step. glibc returns
+  // blocks above 128 KiB to the kernel at once, so each step pays fresh page faults for every
+  // buffer (measured: a 110 MB gather 50 ms -> 10 ms). Keep freed memory in the heap instead.
+  static bool done = false;
+  if (done) return;
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  done = true;
+}
+
 int configure_threads(int n) {
+  tune_allocator();
   if (n <= 0) {
     unsigned hc = std::thread::hardware_concurrency();
     n = hc == 0 ? 1 : static_cast<int>(hc);

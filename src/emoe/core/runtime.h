@@ -7,6 +7,10 @@
 
 namespace emoe {
 
+// Keeps freed large blocks in the heap for reuse (no page faults on every training step).
+// Called by configure_threads.
+void tune_allocator();
+
 // Sets ATen's intra-op threads; n <= 0 means one per hardware core. Returns the count in use.
 int configure_threads(int n);
 

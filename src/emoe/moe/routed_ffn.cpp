@@ -99,41 +99,52 @@ torch::Tensor ExpertFfnImpl::compute_dispatched(const torch::Tensor& x, const Ro
   auto v = slot.ffn_view();
   const int64_t n = x.size(0), d = x.size(1), e = cfg_.experts, k = r.experts.size(1);
   const int64_t s = v.d_ff() / e;
-  auto opts_long = r.experts.options();
-  // (token, choice) pairs that are kept, grouped by expert
+  // Kept (token, choice) pairs sorted by expert: expert j owns one contiguous segment, so every
+  // expert is one GEMM over exactly its tokens (no padding to a common capacity).
   auto flat_e = r.experts.reshape({-1});
   auto flat_w = r.weights.reshape({-1});
-  auto flat_t = torch::arange(n, opts_long).repeat_interleave(k);
-  auto kept = (flat_w != 0).nonzero().squeeze(1);
-  flat_e = flat_e.index_select(0, kept);
-  flat_w = flat_w.index_select(0, kept);
-  flat_t = flat_t.index_select(0, kept);
+  auto flat_t = torch::arange(n, flat_e.options()).repeat_interleave(k);
+  if (cfg_.capacity_factor > 0) {
+    auto kept = (flat_w != 0).nonzero().squeeze(1);
+    flat_e = flat_e.index_select(0, kept);
+    flat_w = flat_w.index_select(0, kept);
+    flat_t = flat_t.index_select(0, kept);
+  }
   auto order = flat_e.argsort();
-  flat_e = flat_e.index_select(0, order);
-  flat_w = flat_w.index_select(0, order);
-  flat_t = flat_t.index_select(0, order);
-  auto counts = torch::zeros({e}, opts_long).index_add_(0, flat_e, torch::ones_like(flat_e));
-  const int64_t cap = flat_e.numel() == 0 ? 0 : counts.max().item<int64_t>();
-  auto out = torch::zeros({n + 1, d}, x.options());
-  if (cap > 0) {
-    auto starts = counts.cumsum(0) - counts;
-    auto slot_pos = torch::arange(flat_e.numel(), opts_long) - starts.index_select(0, flat_e);
-    auto cell = flat_e * cap + slot_pos;  // position in the padded [E, C] grid
-    auto token_grid = torch::full({e * cap}, n, opts_long).index_copy(0, cell, flat_t);
-    auto weight_grid = torch::zeros({e * cap}, x.options()).index_copy(0, cell, flat_w.to(x.scalar_type()));
-    auto xp = torch::cat({x, torch::zeros({1, d}, x.options())}, 0);
-    auto xg = xp.index_select(0, token_grid).view({e, cap, d});
-    auto w_in = v.w_in.reshape({e, s, d});
-    auto pre = torch::bmm(xg, w_in.transpose(1, 2));  // [E, C, s]
-    if (v.b_in.defined()) pre = pre + v.b_in.view({e, 1, s});
+  auto tokens = flat_t.index_select(0, order);
+  // EMoE's pure mask has unit weights: skip the multiply
+  auto weights = cfg_.weighted ? flat_w.index_select(0, order).to(x.scalar_type()).unsqueeze(1)
+                               : torch::Tensor();
+  auto counts = torch::zeros({e}, flat_e.options())
+                    .index_add_(0, flat_e, torch::ones_like(flat_e))
+                    .to(torch::kCPU);  // the one host sync: segment sizes
+  const int64_t* cnt = counts.data_ptr<int64_t>();
+  auto xs = torch::embedding(x, tokens);  // [M, d] gathered rows (a fast, parallel gather)
+  // Per-expert weight slices through unbind: its backward stacks the slice gradients once,
+  // where narrow() would materialise a full-size gradient per expert.
+  auto w_in = v.w_in.reshape({e, s, d}).unbind(0);
+  auto w_up = v.gated() ? v.w_up.reshape({e, s, d}).unbind(0) : std::vector<torch::Tensor>();
+  auto b_in = v.b_in.defined() ? v.b_in.reshape({e, s}).unbind(0) : std::vector<torch::Tensor>();
+  auto w_out = v.w_out.reshape({d, e, s}).unbind(1);
+  // split_with_sizes, not narrow, for the same reason: one concatenation in backward
+  auto segments = xs.split_with_sizes(c10::IntArrayRef(cnt, e));
+  auto token_segments = tokens.split_with_sizes(c10::IntArrayRef(cnt, e));
+  auto weight_segments = weights.defined() ? weights.split_with_sizes(c10::IntArrayRef(cnt, e))
+                                           : std::vector<torch::Tensor>();
+  // Each expert adds its rows into the output in place (no concatenated [M, d] buffer); the
+  // backward of index_add_ gathers just those rows.
+  auto out = torch::zeros({n, d}, x.options());
+  for (int64_t j = 0; j < e; ++j) {
+    if (cnt[j] == 0) continue;
+    const auto& xj = segments[j];
+    auto pre = torch::linear(xj, w_in[j], b_in.empty() ? torch::Tensor() : b_in[j]);
     if (cfg_.preact_dropout > 0) pre = torch::dropout(pre, cfg_.preact_dropout, is_training());
     auto h = activate(pre, v.act);
-    if (v.gated()) h = h * torch::bmm(xg, v.w_up.reshape({e, s, d}).transpose(1, 2));
-    auto w_out = v.w_out.reshape({d, e, s}).permute({1, 2, 0});  // [E, s, d]
-    auto y = torch::bmm(h, w_out) * weight_grid.view({e, cap, 1});
-    out = out.index_add(0, token_grid, y.reshape({e * cap, d}));
+    if (v.gated()) h = h * torch::linear(xj, w_up[j]);
+    auto y = torch::linear(h, w_out[j]);
+    if (weights.defined()) y = y * weight_segments[j];
+    out.index_add_(0, token_segments[j], y);
   }
-  out = out.narrow(0, 0, n);
   if (v.b_out.defined()) out = out + v.b_out;
   return out;
 }

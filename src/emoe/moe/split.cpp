@@ -26,20 +26,23 @@ at::Tensor normalized(const at::Tensor& keys) {
   return k / k.norm(2, 1, true).clamp_min(1e-12);
 }
 
-// Squared Euclidean distances [P, C] between rows of x and rows of c.
-at::Tensor sq_dist(const at::Tensor& x, const at::Tensor& c) {
-  auto d = x.pow(2).sum(1, true) + c.pow(2).sum(1).unsqueeze(0) - 2.0 * x.matmul(c.t());
-  return d.clamp_min(0.0);
-}
-
-// Greedy k-means++ (scikit-learn's _kmeans_plusplus with 2 + log(k) local trials).
+// Greedy k-means++ (scikit-learn's _kmeans_plusplus with 2 + log(k) local trials). Sampling
+// needs one pass over the data per centre, so it runs in float32 with the row norms computed once.
 at::Tensor kmeans_pp(const at::Tensor& x, int64_t k, std::mt19937_64& rng) {
   const int64_t n = x.size(0);
   const int64_t trials = 2 + static_cast<int64_t>(std::log(static_cast<double>(k)));
+  auto xf = x.to(torch::kFloat);
+  auto xnorm = xf.pow(2).sum(1);  // [n]
+  auto dist_to = [&](const at::Tensor& idx) {  // [m, n] squared distances to rows idx
+    auto c = xf.index_select(0, idx);
+    return (xnorm.index_select(0, idx).unsqueeze(1) + xnorm.unsqueeze(0) - 2.0 * c.matmul(xf.t()))
+        .clamp_min(0.0)
+        .to(torch::kDouble);
+  };
   std::uniform_int_distribution<int64_t> first(0, n - 1);
   std::uniform_real_distribution<double> unif(0.0, 1.0);
   std::vector<int64_t> chosen = {first(rng)};
-  auto closest = sq_dist(x, x.index({chosen[0]}).unsqueeze(0)).squeeze(1);  // [n]
+  auto closest = dist_to(torch::tensor({chosen[0]}, torch::kLong)).squeeze(0);  // [n]
   double pot = closest.sum().item<double>();
   for (int64_t c = 1; c < k; ++c) {
     auto cum = closest.cumsum(0);
@@ -50,8 +53,7 @@ at::Tensor kmeans_pp(const at::Tensor& x, int64_t k, std::mt19937_64& rng) {
       int64_t idx = std::lower_bound(cp, cp + n, r) - cp;
       cand.push_back(std::min(idx, n - 1));
     }
-    auto cand_t = torch::tensor(cand, torch::kLong);
-    auto d = sq_dist(x.index_select(0, cand_t), x);            // [trials, n]
+    auto d = dist_to(torch::tensor(cand, torch::kLong));           // [trials, n]
     auto new_closest = torch::minimum(d, closest.unsqueeze(0));  // [trials, n]
     auto pots = new_closest.sum(1);
     int64_t best = pots.argmin().item<int64_t>();
@@ -84,36 +86,68 @@ std::vector<int64_t> balanced_assignment(const at::Tensor& cost, int64_t capacit
   const int64_t p = cost.size(0), k = cost.size(1);
   EMOE_CHECK(p == k * capacity, InputError, "balanced assignment: {} points for {} x {} slots", p, k,
              capacity);
-  auto c = cost.to(torch::kCPU).to(torch::kDouble).contiguous();
+  auto c = cost.to(torch::kCPU).to(torch::kDouble);
   // Integer costs keep the network simplex exact; the scale keeps ~9 significant digits.
   double maxc = c.abs().max().item<double>();
   double scale = maxc > 0 ? 1e9 / maxc : 1.0;
-  const double* cp = c.data_ptr<double>();
-  lemon::SmartDigraph g;
-  g.reserveNode(static_cast<int>(p + k));
-  g.reserveArc(static_cast<int>(p * k));
-  std::vector<lemon::SmartDigraph::Node> pts(p), cls(k);
-  for (auto& n : pts) n = g.addNode();
-  for (auto& n : cls) n = g.addNode();
-  lemon::SmartDigraph::ArcMap<int64_t> arc_cost(g);
-  lemon::SmartDigraph::NodeMap<int64_t> supply(g);
-  for (int64_t i = 0; i < p; ++i) supply[pts[i]] = 1;
-  for (int64_t j = 0; j < k; ++j) supply[cls[j]] = -capacity;
-  for (int64_t i = 0; i < p; ++i)
-    for (int64_t j = 0; j < k; ++j) {
-      auto a = g.addArc(pts[i], cls[j]);
-      arc_cost[a] = static_cast<int64_t>(std::llround(cp[i * k + j] * scale));
+  auto ci = (c * scale).round().to(torch::kLong).contiguous();
+  const int64_t* cp = ci.data_ptr<int64_t>();
+
+  // Column generation: solve on a sparse set of arcs (each point's nearest clusters plus a
+  // greedy feasible assignment), then add every arc whose reduced cost under the optimal
+  // potentials is negative, until none is. The result is optimal for the full bipartite graph.
+  const int64_t near = std::min<int64_t>(k, 8);
+  auto arcs = torch::zeros({p, k}, torch::kBool);
+  arcs.scatter_(1, std::get<1>(ci.topk(near, 1, /*largest=*/false)), true);
+  {
+    auto order = ci.view({-1}).argsort();
+    const int64_t* op = order.data_ptr<int64_t>();
+    std::vector<int64_t> fill(k, 0);
+    std::vector<char> done(p, 0);
+    auto* ap = arcs.data_ptr<bool>();
+    for (int64_t n = 0, placed = 0; n < p * k && placed < p; ++n) {
+      int64_t i = op[n] / k, j = op[n] % k;
+      if (done[i] || fill[j] == capacity) continue;
+      done[i] = 1, fill[j]++, placed++;
+      ap[i * k + j] = true;
     }
+  }
   using Simplex = lemon::NetworkSimplex<lemon::SmartDigraph, int64_t, int64_t>;
-  Simplex ns(g);
-  ns.costMap(arc_cost).supplyMap(supply);
-  const bool optimal = ns.run() == Simplex::OPTIMAL;
-  EMOE_CHECK(optimal, RuntimeError, "balanced assignment: min-cost flow did not find an optimum");
-  std::vector<int64_t> assign(p, -1);
-  for (int64_t i = 0; i < p; ++i)
-    for (lemon::SmartDigraph::OutArcIt a(g, pts[i]); a != lemon::INVALID; ++a)
-      if (ns.flow(a) > 0) assign[i] = g.id(g.target(a)) - p;
-  return assign;
+  for (int round = 0;; ++round) {
+    lemon::SmartDigraph g;
+    const int64_t narcs = arcs.sum().item<int64_t>();
+    g.reserveNode(static_cast<int>(p + k));
+    g.reserveArc(static_cast<int>(narcs));
+    std::vector<lemon::SmartDigraph::Node> pts(p), cls(k);
+    for (auto& n : pts) n = g.addNode();
+    for (auto& n : cls) n = g.addNode();
+    lemon::SmartDigraph::ArcMap<int64_t> arc_cost(g);
+    lemon::SmartDigraph::NodeMap<int64_t> supply(g);
+    for (int64_t i = 0; i < p; ++i) supply[pts[i]] = 1;
+    for (int64_t j = 0; j < k; ++j) supply[cls[j]] = -capacity;
+    const bool* ap = arcs.data_ptr<bool>();
+    for (int64_t i = 0; i < p; ++i)
+      for (int64_t j = 0; j < k; ++j)
+        if (ap[i * k + j]) arc_cost[g.addArc(pts[i], cls[j])] = cp[i * k + j];
+    Simplex ns(g);
+    ns.costMap(arc_cost).supplyMap(supply);
+    const bool optimal = ns.run() == Simplex::OPTIMAL;
+    EMOE_CHECK(optimal, RuntimeError, "balanced assignment: min-cost flow did not find an optimum");
+    // reduced cost of arc (i -> j): cost + pi(i) - pi(j); optimal when >= 0 for every arc
+    auto pi_p = torch::empty({p}, torch::kLong), pi_c = torch::empty({k}, torch::kLong);
+    for (int64_t i = 0; i < p; ++i) pi_p[i] = ns.potential(pts[i]);
+    for (int64_t j = 0; j < k; ++j) pi_c[j] = ns.potential(cls[j]);
+    auto reduced = ci + pi_p.unsqueeze(1) - pi_c.unsqueeze(0);
+    auto violating = torch::logical_and(reduced < 0, arcs.logical_not());
+    if (!violating.any().item<bool>()) {
+      std::vector<int64_t> assign(p, -1);
+      for (int64_t i = 0; i < p; ++i)
+        for (lemon::SmartDigraph::OutArcIt a(g, pts[i]); a != lemon::INVALID; ++a)
+          if (ns.flow(a) > 0) assign[i] = g.id(g.target(a)) - p;
+      return assign;
+    }
+    arcs = torch::logical_or(arcs, violating);
+  }
 }
 
 double split_inertia(const at::Tensor& keys, const std::vector<int64_t>& assignment,
@@ -150,15 +184,24 @@ SplitResult balanced_kmeans(const at::Tensor& keys, int64_t experts, const KMean
   const int64_t cap = n / experts;
   auto x = normalized(keys);
   const double tol = x.var(0, /*unbiased=*/false).mean().item<double>() * o.tol;
+  const auto xnorm = x.pow(2).sum(1);
   SplitResult best;
   double best_inertia = std::numeric_limits<double>::infinity();
   for (int64_t r = 0; r < o.restarts; ++r) {
     std::mt19937_64 rng(o.seed * 1000003ull + static_cast<uint64_t>(r));
+    double ti = now_seconds();
     auto centres = kmeans_pp(x, experts, rng);
+    spdlog::debug("balanced k-means restart {}: k-means++ init {:.2f} s", r, now_seconds() - ti);
     std::vector<int64_t> assign;
     int64_t it = 0;
     for (; it < o.max_iter; ++it) {
-      auto next = balanced_assignment(sq_dist(x, centres), cap);
+      double ta = now_seconds();
+      auto dist = (xnorm.unsqueeze(1) + centres.pow(2).sum(1).unsqueeze(0) - 2.0 * x.matmul(centres.t()))
+                      .clamp_min(0.0);
+      double tb = now_seconds();
+      auto next = balanced_assignment(dist, cap);
+      spdlog::debug("  iteration {}: distances {:.2f} s, assignment {:.2f} s", it, tb - ta,
+                    now_seconds() - tb);
       auto new_centres = centres_of(x, next, experts);
       double shift = (new_centres - centres).pow(2).sum().item<double>();
       bool same = next == assign;

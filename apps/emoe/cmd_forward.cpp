@@ -1,0 +1,97 @@
+// `emoe forward MODEL_DIR --input IN.safetensors -o OUT.safetensors`: the numerics parity tool.
+#include <iostream>
+
+#include "commands.h"
+#include "emoe/core/error.h"
+#include "emoe/io/safetensors.h"
+#include "emoe/moe/convert.h"
+
+namespace emoe::cli {
+namespace {
+
+struct ForwardArgs {
+  std::string model_dir, input, output, head;
+  bool no_hidden_states = false, attentions = false;
+  RunFlags run;
+};
+
+void run_forward(const ForwardArgs& a) {
+  auto rs = apply_run_flags(a.run);
+  SafetensorsFile in_file(a.input);
+  EMOE_CHECK(in_file.contains("input_ids"), InputError, "{}: missing tensor 'input_ids'", a.input);
+  auto load_ids = [&](const std::string& name) -> torch::Tensor {
+    if (!in_file.contains(name)) return {};
+    auto t = in_file.load(name);
+    EMOE_CHECK(!at::isFloatingType(t.scalar_type()) && t.scalar_type() != torch::kBool, InputError,
+               "{}: tensor '{}': expected an integer dtype, got {}", a.input, name,
+               in_file.entry(name).dtype);
+    EMOE_CHECK(t.dim() == 2, InputError, "{}: tensor '{}': expected shape [batch, seq], got {} dims",
+               a.input, name, t.dim());
+    return t.to(torch::kLong);
+  };
+  ModelInputs in;
+  in.input_ids = load_ids("input_ids");
+  in.attention_mask = load_ids("attention_mask");
+  in.token_type_ids = load_ids("token_type_ids");
+  in.position_ids = load_ids("position_ids");
+  in.labels = in_file.contains("labels") ? in_file.load("labels") : torch::Tensor();
+  for (const auto& [name, t] : {std::pair<const char*, torch::Tensor>{"attention_mask", in.attention_mask},
+                                {"token_type_ids", in.token_type_ids}, {"position_ids", in.position_ids}}) {
+    if (t.defined())
+      EMOE_CHECK(t.sizes() == in.input_ids.sizes(), InputError,
+                 "{}: tensor '{}': shape [{}] differs from input_ids [{}]", a.input, name,
+                 fmt::join(t.sizes(), ", "), fmt::join(in.input_ids.sizes(), ", "));
+  }
+  EMOE_CHECK(in.input_ids.numel() > 0, InputError, "{}: tensor 'input_ids' is empty", a.input);
+  in.output_hidden_states = !a.no_hidden_states;
+  in.output_attentions = a.attentions;
+
+  LoadOptions lo;
+  lo.device = rs.device;
+  lo.dtype = rs.dtype;
+  if (!a.head.empty()) lo.head = parse_head(a.head);
+  auto model = load_any_model(a.model_dir, lo);
+  const auto& s = model->summary();
+  auto lo_id = in.input_ids.min().item<int64_t>(), hi_id = in.input_ids.max().item<int64_t>();
+  EMOE_CHECK(lo_id >= 0 && hi_id < s.vocab_size, InputError,
+             "{}: tensor 'input_ids': ids must lie in [0, {}), found {}..{}", a.input, s.vocab_size,
+             lo_id, hi_id);
+  if (in.position_ids.defined()) {
+    auto pmax = in.position_ids.max().item<int64_t>();
+    EMOE_CHECK(in.position_ids.min().item<int64_t>() >= 0 && pmax < s.max_positions, InputError,
+               "{}: tensor 'position_ids': positions must lie in [0, {}), found max {}", a.input,
+               s.max_positions, pmax);
+  }
+  torch::NoGradGuard no_grad;
+  auto out = model->forward(in);
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  auto f32 = [](const torch::Tensor& t) { return t.to(torch::kCPU).to(torch::kFloat); };
+  if (out.logits.defined()) tensors.emplace_back("logits", f32(out.logits));
+  tensors.emplace_back("last_hidden_state", f32(out.last_hidden_state));
+  if (out.pooler_output.defined()) tensors.emplace_back("pooler_output", f32(out.pooler_output));
+  if (out.loss.defined()) tensors.emplace_back("loss", f32(out.loss));
+  if (!out.hidden_states.empty()) tensors.emplace_back("hidden_states", f32(torch::stack(out.hidden_states)));
+  if (!out.attentions.empty()) tensors.emplace_back("attentions", f32(torch::stack(out.attentions)));
+  save_safetensors(a.output, tensors, {{"format", "pt"}, {"producer", "emoe forward"}});
+  spdlog::info("wrote {} ({} tensors)", a.output, tensors.size());
+}
+
+}  // namespace
+
+void register_forward(CLI::App& app) {
+  auto a = std::make_shared<ForwardArgs>();
+  auto* cmd = app.add_subcommand(
+      "forward", "Run a model on tensors from a safetensors file and write its outputs");
+  cmd->add_option("MODEL_DIR", a->model_dir, "Model folder")->required();
+  cmd->add_option("--input,-i", a->input,
+                  "safetensors with input_ids [and attention_mask, token_type_ids, position_ids, labels]")
+      ->required();
+  cmd->add_option("--output,-o", a->output, "Where to write logits / hidden states")->required();
+  cmd->add_option("--head", a->head, "Override the head: base, seqcls, mlm, lm");
+  cmd->add_flag("--no-hidden-states", a->no_hidden_states, "Do not write hidden_states");
+  cmd->add_flag("--attentions", a->attentions, "Also write attention probabilities");
+  add_run_flags(cmd, a->run);
+  cmd->callback([a] { run_forward(*a); });
+}
+
+}  // namespace emoe::cli

@@ -1,0 +1,135 @@
+// `emoe info MODEL_DIR`: architecture, sizes, parameter counts, FFN expert options, tokenizer.
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "commands.h"
+#include "emoe/core/error.h"
+#include "emoe/io/safetensors.h"
+#include "emoe/moe/convert.h"
+#include "emoe/tokenizer/tokenizer.h"
+
+namespace emoe::cli {
+namespace {
+
+struct InfoArgs {
+  std::string model_dir;
+  bool json = false;
+};
+
+// Divisors of d_ff: the expert counts an even split allows.
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+void run_info(const InfoArgs& a) {
+  MoeState moe;
+  auto model = load_any_model(a.model_dir, {}, &moe);
+  CheckpointReader ckpt(a.model_dir);
+  const auto& s = model->summary();
+  const Head head = s.head;
+
+  // FFN parameters are found through the FFN slots, so no name matching is needed for them.
+  std::set<const void*> ffn_ptrs;
+  for (auto* slot : model->ffn_slots()) {
+    auto v = slot->ffn_view();
+    for (const auto& t : {v.w_in, v.b_in, v.w_up, v.w_out, v.b_out})
+      if (t.defined()) ffn_ptrs.insert(t.data_ptr());
+  }
+  auto has = [](const std::string& k, std::initializer_list<const char*> parts) {
+    for (const char* p : parts)
+      if (k.find(p) != std::string::npos) return true;
+    return false;
+  };
+  int64_t embed = 0, attn = 0, ffn = 0, norm = 0, head_params = 0, total = 0;
+  for (const auto& p : model->named_parameters()) {
+    const auto& k = p.key();
+    int64_t n = p.value().numel();
+    total += n;
+    if (model->is_head_key(k)) head_params += n;
+    else if (ffn_ptrs.count(p.value().data_ptr())) ffn += n;
+    else if (has(k, {"embed", "wte", "wpe"})) embed += n;
+    else if (has(k, {"norm", "LayerNorm", "ln_"})) norm += n;
+    else attn += n;
+  }
+  std::string disk_dtype = ckpt.names().empty() ? "?" : ckpt.entry(ckpt.names()[0]).dtype;
+  std::string tok_kind = "none", tok_error;
+  int64_t tok_vocab = 0;
+  try {
+    auto tok = load_tokenizer(a.model_dir);
+    tok_kind = tok->kind();
+    tok_vocab = tok->vocab_size();
+  } catch (const InputError& e) {
+    tok_error = e.what();
+  }
+  nlohmann::json j;
+  j["model_dir"] = a.model_dir;
+  j["model_type"] = s.model_type;
+  j["architecture"] = model->config_json()["architectures"][0];
+  j["head"] = head_name(s.head);
+  j["layers"] = s.num_layers;
+  j["hidden_size"] = s.hidden_size;
+  j["attention_heads"] = s.num_heads;
+  j["kv_heads"] = s.num_kv_heads;
+  j["ffn_size"] = s.intermediate_size;
+  j["ffn_activation"] = s.activation;
+  j["ffn_gated"] = model->ffn_slots().empty() ? false : model->ffn_slots()[0]->ffn_view().gated();
+  j["valid_expert_counts"] = divisors(s.intermediate_size);
+  j["vocab_size"] = s.vocab_size;
+  j["max_positions"] = s.max_positions;
+  if (s.num_labels) j["num_labels"] = s.num_labels;
+  j["parameters"] = {{"total", total}, {"embeddings", embed}, {"attention", attn}, {"ffn", ffn},
+                     {"norms_and_other", norm}, {"head", head_params}};
+  j["weights"] = {{"file", ckpt.source()}, {"dtype", disk_dtype}, {"tensors", ckpt.names().size()}};
+  j["tokenizer"] = {{"kind", tok_kind}, {"vocab_size", tok_vocab}};
+  if (!tok_error.empty()) j["tokenizer"]["error"] = tok_error;
+  if (!moe.empty()) j["moe"] = moe.config.to_json();
+  if (a.json) {
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  auto human = [](int64_t n) {
+    if (n >= 1000000000) return fmt::format("{:.2f}B", n / 1e9);
+    if (n >= 1000000) return fmt::format("{:.2f}M", n / 1e6);
+    if (n >= 1000) return fmt::format("{:.1f}K", n / 1e3);
+    return std::to_string(n);
+  };
+  std::cout << fmt::format("model        {}\n", a.model_dir)
+            << fmt::format("architecture {} ({}, head: {})\n", j["architecture"].get<std::string>(),
+                           s.model_type, head_name(s.head))
+            << fmt::format("layers       {}   hidden {}   heads {} (kv {})\n", s.num_layers,
+                           s.hidden_size, s.num_heads, s.num_kv_heads)
+            << fmt::format("ffn          {} x {} ({}{})   valid expert counts N: {}\n",
+                           s.hidden_size, s.intermediate_size, s.activation,
+                           j["ffn_gated"].get<bool>() ? ", gated" : "",
+                           fmt::join(divisors(s.intermediate_size), " "))
+            << fmt::format("vocab        {}   max positions {}\n", s.vocab_size, s.max_positions)
+            << fmt::format("parameters   {} total: embeddings {}, attention {}, ffn {}, norms/other {}, head {}\n",
+                           human(total), human(embed), human(attn), human(ffn), human(norm),
+                           human(head_params))
+            << fmt::format("weights      {} ({} tensors, {})\n", ckpt.source(), ckpt.names().size(),
+                           disk_dtype)
+            << fmt::format("tokenizer    {}{}\n", tok_kind,
+                           tok_vocab ? fmt::format(" ({} tokens)", tok_vocab) : tok_error);
+  if (!moe.empty())
+    std::cout << fmt::format("moe          {}: N = {}, k = {}, layers {}, gate {}, {} execution\n",
+                             to_string(moe.config.method), moe.config.experts, moe.config.topk,
+                             fmt::join(moe.config.layers, ","), to_string(moe.config.gate),
+                             to_string(moe.config.execution));
+}
+
+}  // namespace
+
+void register_info(CLI::App& app) {
+  auto args = std::make_shared<InfoArgs>();
+  auto* cmd = app.add_subcommand("info", "Describe a Hugging Face model folder");
+  cmd->add_option("MODEL_DIR", args->model_dir, "Model folder (config.json + safetensors)")->required();
+  cmd->add_flag("--json", args->json, "Print JSON instead of text");
+  cmd->callback([args] { run_info(*args); });
+}
+
+}  // namespace emoe::cli

@@ -1,0 +1,33 @@
+// Subcommand registration for the emoe tool; each subcommand lives in its own file.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <string>
+
+namespace emoe::cli {
+
+// --threads, --device, --dtype: on every command that runs a model.
+struct RunFlags {
+  int threads = 0;
+  std::string device = "cpu";
+  std::string dtype = "float32";
+};
+void add_run_flags(CLI::App* cmd, RunFlags& flags);
+// Applies --threads and parses --device/--dtype (UsageError on bad values).
+struct RunSettings {
+  c10::Device device = c10::Device(c10::kCPU);
+  c10::ScalarType dtype = c10::kFloat;
+  int threads = 1;
+};
+RunSettings apply_run_flags(const RunFlags& flags);
+
+void register_info(CLI::App& app);
+void register_generate(CLI::App& app);
+void register_forward(CLI::App& app);
+void register_tokenize(CLI::App& app);
+void register_convert(CLI::App& app);
+void register_export(CLI::App& app);
+
+}  // namespace emoe::cli

@@ -1,0 +1,24 @@
+// Shared --threads/--device/--dtype handling.
+#include <spdlog/spdlog.h>
+
+#include "commands.h"
+#include "emoe/core/runtime.h"
+
+namespace emoe::cli {
+
+void add_run_flags(CLI::App* cmd, RunFlags& flags) {
+  cmd->add_option("--threads", flags.threads, "Intra-op threads (default: one per core)");
+  cmd->add_option("--device", flags.device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--dtype", flags.dtype, "Compute dtype: float32 or bfloat16")->capture_default_str();
+}
+
+RunSettings apply_run_flags(const RunFlags& flags) {
+  RunSettings s;
+  s.dtype = parse_dtype(flags.dtype);
+  s.device = parse_device(flags.device);
+  s.threads = configure_threads(flags.threads);
+  spdlog::debug("threads {}, device {}, dtype {}", s.threads, s.device.str(), dtype_name(s.dtype));
+  return s;
+}
+
+}  // namespace emoe::cli
