@@ -25,6 +25,14 @@ struct GenerateArgs {
 };
 
 void run_generate(const GenerateArgs& a) {
+  GenerateOptions o;
+  o.max_new_tokens = a.max_new_tokens;
+  o.temperature = a.temperature;
+  o.top_p = a.top_p;
+  o.top_k = a.top_k;
+  o.seed = a.seed;
+  o.use_cache = !a.no_cache;
+  o.validate();
   auto rs = apply_run_flags(a.run);
   LoadOptions lo;
   lo.device = rs.device;
@@ -58,16 +66,9 @@ void run_generate(const GenerateArgs& a) {
                "{}: no prompt given and the model has no bos_token_id to start from", a.model_dir);
     ids = {*start};
   }
-  GenerateOptions o;
-  o.max_new_tokens = a.max_new_tokens;
-  o.temperature = a.temperature;
-  o.top_p = a.top_p;
-  o.top_k = a.top_k;
-  o.seed = a.seed;
+
   if (!a.ignore_eos) o.eos_ids = eos;
   o.pad_id = pad;
-  o.use_cache = !a.no_cache;
-
   auto prompt = torch::tensor(ids, torch::kLong).unsqueeze(0);
   // Stream: print the newly decoded suffix after each token.
   std::vector<int64_t> all = ids;

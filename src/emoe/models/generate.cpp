@@ -32,6 +32,13 @@ at::Tensor pick_next(const at::Tensor& logits, const GenerateOptions& o, at::Gen
 
 }  // namespace
 
+void GenerateOptions::validate() const {
+  EMOE_CHECK(max_new_tokens >= 0, UsageError, "--max-new-tokens: expected >= 0, got {}", max_new_tokens);
+  EMOE_CHECK(top_p > 0.0 && top_p <= 1.0, UsageError, "--top-p: expected (0, 1], got {}", top_p);
+  EMOE_CHECK(temperature >= 0.0, UsageError, "--temperature: expected >= 0, got {}", temperature);
+  EMOE_CHECK(top_k >= 0, UsageError, "--top-k: expected >= 0, got {}", top_k);
+}
+
 at::Tensor generate(PretrainedModelImpl& model, const at::Tensor& input_ids,
                     const at::Tensor& attention_mask, const GenerateOptions& o,
                     const std::function<void(int64_t, const at::Tensor&)>& on_step) {
@@ -41,9 +48,7 @@ at::Tensor generate(PretrainedModelImpl& model, const at::Tensor& input_ids,
              s.model_type, head_name(s.head));
   EMOE_CHECK(input_ids.dim() == 2 && input_ids.size(1) > 0, InputError,
              "generate: expected a non-empty [batch, seq] prompt");
-  EMOE_CHECK(o.max_new_tokens >= 0, UsageError, "--max-new-tokens: expected >= 0, got {}", o.max_new_tokens);
-  EMOE_CHECK(o.top_p > 0.0 && o.top_p <= 1.0, UsageError, "--top-p: expected (0, 1], got {}", o.top_p);
-  EMOE_CHECK(o.temperature >= 0.0, UsageError, "--temperature: expected >= 0, got {}", o.temperature);
+  o.validate();
   const int64_t limit = s.max_positions - input_ids.size(1);
   EMOE_CHECK(limit >= 0, InputError, "prompt of {} tokens exceeds the model's {} positions",
              input_ids.size(1), s.max_positions);

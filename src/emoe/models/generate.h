@@ -19,6 +19,8 @@ struct GenerateOptions {
   std::vector<int64_t> eos_ids;  // a row that emits one of these is finished
   std::optional<int64_t> pad_id;  // emitted by finished rows (default: the first eos id)
   bool use_cache = true;
+  // UsageError naming the flag for out-of-range values.
+  void validate() const;
 };
 
 // input_ids [B, T] (left-padded when rows differ, with attention_mask [B, T]). Returns
