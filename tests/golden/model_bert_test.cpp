@@ -5,10 +5,6 @@
 
 using emoe::test::max_abs_diff;
 
-namespace {
-constexpr double kTol = 1e-4;
-}
-
 TEST(BertGolden, BaseModelHiddenStatesPoolerAttentions) {
   EMOE_REQUIRE_SHARED(dir, "fixtures/tiny/bert_model");
   auto fx = emoe::load_safetensors(dir + "/fixture.safetensors");
@@ -23,10 +19,10 @@ TEST(BertGolden, BaseModelHiddenStatesPoolerAttentions) {
   auto out = model->forward(in);
   ASSERT_EQ(out.hidden_states.size(), 3u);
   auto hs = torch::stack(out.hidden_states);
-  EXPECT_LT(max_abs_diff(hs, fx["hidden_states"]), kTol);
-  EXPECT_LT(max_abs_diff(out.last_hidden_state, fx["last_hidden_state"]), kTol);
-  EXPECT_LT(max_abs_diff(out.pooler_output, fx["pooler_output"]), kTol);
-  EXPECT_LT(max_abs_diff(torch::stack(out.attentions), fx["attentions"]), kTol);
+  EXPECT_LT(max_abs_diff(hs, fx["hidden_states"]), emoe::test::kGoldenTol);
+  EXPECT_LT(max_abs_diff(out.last_hidden_state, fx["last_hidden_state"]), emoe::test::kGoldenTol);
+  EXPECT_LT(max_abs_diff(out.pooler_output, fx["pooler_output"]), emoe::test::kGoldenTol);
+  EXPECT_LT(max_abs_diff(torch::stack(out.attentions), fx["attentions"]), emoe::test::kGoldenTol);
 }
 
 TEST(BertGolden, SequenceClassificationLogitsAndLoss) {
@@ -42,9 +38,9 @@ TEST(BertGolden, SequenceClassificationLogitsAndLoss) {
   in.labels = fx["labels"];
   in.output_hidden_states = true;
   auto out = model->forward(in);
-  EXPECT_LT(max_abs_diff(out.logits, fx["logits"]), kTol);
-  EXPECT_LT(max_abs_diff(out.loss, fx["loss"]), kTol);
-  EXPECT_LT(max_abs_diff(torch::stack(out.hidden_states), fx["hidden_states"]), kTol);
+  EXPECT_LT(max_abs_diff(out.logits, fx["logits"]), emoe::test::kGoldenTol);
+  EXPECT_LT(max_abs_diff(out.loss, fx["loss"]), emoe::test::kGoldenTol);
+  EXPECT_LT(max_abs_diff(torch::stack(out.hidden_states), fx["hidden_states"]), emoe::test::kGoldenTol);
 }
 
 TEST(BertGolden, BertMiniMaskedLm) {
@@ -60,15 +56,15 @@ TEST(BertGolden, BertMiniMaskedLm) {
   in.output_hidden_states = true;
   auto out = model->forward(in);
   auto m = fx["attention_mask"];
-  EXPECT_LT(emoe::test::max_abs_diff_masked(out.logits, fx["logits"], m), kTol);
+  EXPECT_LT(emoe::test::max_abs_diff_masked(out.logits, fx["logits"], m), emoe::test::kGoldenTol);
   auto hs = torch::stack(out.hidden_states);
   for (int64_t l = 0; l < hs.size(0); ++l)
-    EXPECT_LT(emoe::test::max_abs_diff_masked(hs[l], fx["hidden_states"][l], m), kTol) << "layer " << l;
+    EXPECT_LT(emoe::test::max_abs_diff_masked(hs[l], fx["hidden_states"][l], m), emoe::test::kGoldenTol) << "layer " << l;
 
   emoe::ModelInputs pair;
   pair.input_ids = fx["pair.input_ids"];
   pair.attention_mask = fx["pair.attention_mask"];
   pair.token_type_ids = fx["pair.token_type_ids"];
   auto pout = model->forward(pair);
-  EXPECT_LT(max_abs_diff(pout.logits, fx["pair.logits"]), kTol);
+  EXPECT_LT(max_abs_diff(pout.logits, fx["pair.logits"]), emoe::test::kGoldenTol);
 }

@@ -8,7 +8,6 @@ using emoe::test::max_abs_diff;
 using emoe::test::max_abs_diff_masked;
 
 namespace {
-constexpr double kTol = 1e-4;
 
 // right.* and left.* logits, hidden states and losses of a causal LM fixture.
 void check_lm_fixture(const std::string& dir) {
@@ -25,16 +24,16 @@ void check_lm_fixture(const std::string& dir) {
     in.output_hidden_states = true;
     auto out = model->forward(in);
     auto m = fx[side + ".attention_mask"];
-    EXPECT_LT(max_abs_diff_masked(out.logits, fx[side + ".logits"], m), kTol);
+    EXPECT_LT(max_abs_diff_masked(out.logits, fx[side + ".logits"], m), emoe::test::kGoldenTol);
     auto hs = torch::stack(out.hidden_states);
     for (int64_t l = 0; l < hs.size(0); ++l)
-      EXPECT_LT(max_abs_diff_masked(hs[l], fx[side + ".hidden_states"][l], m), kTol) << "hidden " << l;
-    EXPECT_LT(max_abs_diff(out.loss, fx[side + ".loss_masked"]), kTol);
+      EXPECT_LT(max_abs_diff_masked(hs[l], fx[side + ".hidden_states"][l], m), emoe::test::kGoldenTol) << "hidden " << l;
+    EXPECT_LT(max_abs_diff(out.loss, fx[side + ".loss_masked"]), emoe::test::kGoldenTol);
     if (side == "right") {
       in.labels = fx["right.input_ids"];
-      EXPECT_LT(max_abs_diff(model->forward(in).loss, fx["right.loss"]), kTol);
+      EXPECT_LT(max_abs_diff(model->forward(in).loss, fx["right.loss"]), emoe::test::kGoldenTol);
       // right padding: every position is well defined
-      EXPECT_LT(max_abs_diff(out.logits, fx["right.logits"]), kTol);
+      EXPECT_LT(max_abs_diff(out.logits, fx["right.logits"]), emoe::test::kGoldenTol);
     }
   }
   // greedy generation, single prompt and a left-padded batch
@@ -80,7 +79,7 @@ TEST(Gpt2Golden, SequenceClassificationPoolsLastRealToken) {
     if (fx.count(side + ".position_ids")) in.position_ids = fx[side + ".position_ids"];
     in.labels = fx["labels"];
     auto out = model->forward(in);
-    EXPECT_LT(max_abs_diff(out.logits, fx[side + ".logits"]), kTol);
-    EXPECT_LT(max_abs_diff(out.loss, fx[side + ".loss"]), kTol);
+    EXPECT_LT(max_abs_diff(out.logits, fx[side + ".logits"]), emoe::test::kGoldenTol);
+    EXPECT_LT(max_abs_diff(out.loss, fx[side + ".loss"]), emoe::test::kGoldenTol);
   }
 }

@@ -7,6 +7,9 @@
 
 namespace emoe::test {
 
+// Tolerance against the Hugging Face reference outputs (fixtures/README.md advises 1e-4).
+constexpr double kGoldenTol = 1e-4;
+
 // Absolute path of ../shared/<rel>, or "" when it does not exist.
 std::string shared_path(const std::string& rel);
 // True when running under CI (CI=true in the environment).

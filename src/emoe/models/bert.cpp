@@ -59,25 +59,23 @@ BertConfig BertConfig::from_json(const JsonFields& j) {
 
 namespace {
 
-// A named container so that the module tree spells Hugging Face's keys.
-std::shared_ptr<torch::nn::Module> node() { return std::make_shared<torch::nn::Module>(); }
 
 class BertLayerImpl : public torch::nn::Module, public FfnSlot {
  public:
   BertLayerImpl(const BertConfig& c, int64_t index, std::string prefix)
       : c_(c), index_(index), prefix_(std::move(prefix)) {
     auto lin = [](int64_t in, int64_t out) { return Linear(LinearOptions{in, out, true, false}); };
-    auto attention = register_module("attention", node());
-    auto self = attention->register_module("self", node());
+    auto attention = register_module("attention", container());
+    auto self = attention->register_module("self", container());
     query_ = self->register_module("query", lin(c.hidden_size, c.hidden_size));
     key_ = self->register_module("key", lin(c.hidden_size, c.hidden_size));
     value_ = self->register_module("value", lin(c.hidden_size, c.hidden_size));
-    auto attn_out = attention->register_module("output", node());
+    auto attn_out = attention->register_module("output", container());
     attn_dense_ = attn_out->register_module("dense", lin(c.hidden_size, c.hidden_size));
     attn_norm_ = attn_out->register_module("LayerNorm", LayerNorm(c.hidden_size, c.layer_norm_eps));
-    auto intermediate = register_module("intermediate", node());
+    auto intermediate = register_module("intermediate", container());
     inter_dense_ = intermediate->register_module("dense", lin(c.hidden_size, c.intermediate_size));
-    auto output = register_module("output", node());
+    auto output = register_module("output", container());
     out_dense_ = output->register_module("dense", lin(c.intermediate_size, c.hidden_size));
     out_norm_ = output->register_module("LayerNorm", LayerNorm(c.hidden_size, c.layer_norm_eps));
     act_ = parse_activation(c.hidden_act, "hidden_act");
@@ -130,15 +128,15 @@ class BertLayerImpl : public torch::nn::Module, public FfnSlot {
 class BertModelImpl : public PretrainedModelImpl {
  public:
   BertModelImpl(const BertConfig& c, Head head) : c_(c), head_(head) {
-    auto bert = register_module("bert", node());
-    auto emb = bert->register_module("embeddings", node());
+    auto bert = register_module("bert", container());
+    auto emb = bert->register_module("embeddings", container());
     word_ = emb->register_module("word_embeddings", torch::nn::Embedding(c.vocab_size, c.hidden_size));
     pos_ = emb->register_module("position_embeddings",
                                 torch::nn::Embedding(c.max_position_embeddings, c.hidden_size));
     type_ = emb->register_module("token_type_embeddings",
                                  torch::nn::Embedding(c.type_vocab_size, c.hidden_size));
     emb_norm_ = emb->register_module("LayerNorm", LayerNorm(c.hidden_size, c.layer_norm_eps));
-    auto encoder = bert->register_module("encoder", node());
+    auto encoder = bert->register_module("encoder", container());
     auto layers = encoder->register_module("layer", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
       auto layer = std::make_shared<BertLayerImpl>(c, i, fmt::format("bert.encoder.layer.{}", i));
@@ -147,15 +145,15 @@ class BertModelImpl : public PretrainedModelImpl {
     }
     auto lin = [](int64_t in, int64_t out) { return Linear(LinearOptions{in, out, true, false}); };
     if (head != Head::kMaskedLM) {
-      auto pooler = bert->register_module("pooler", node());
+      auto pooler = bert->register_module("pooler", container());
       pooler_ = pooler->register_module("dense", lin(c.hidden_size, c.hidden_size));
     }
     if (head == Head::kSequenceClassification)
       classifier_ = register_module("classifier", lin(c.hidden_size, c.num_labels));
     if (head == Head::kMaskedLM) {
-      auto cls = register_module("cls", node());
-      auto pred = cls->register_module("predictions", node());
-      auto transform = pred->register_module("transform", node());
+      auto cls = register_module("cls", container());
+      auto pred = cls->register_module("predictions", container());
+      auto transform = pred->register_module("transform", container());
       mlm_dense_ = transform->register_module("dense", lin(c.hidden_size, c.hidden_size));
       mlm_norm_ = transform->register_module("LayerNorm", LayerNorm(c.hidden_size, c.layer_norm_eps));
       mlm_bias_ = pred->register_parameter("bias", torch::zeros({c.vocab_size}));

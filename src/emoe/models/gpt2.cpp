@@ -60,18 +60,17 @@ Gpt2Config Gpt2Config::from_json(const JsonFields& j) {
 
 namespace {
 
-std::shared_ptr<torch::nn::Module> node() { return std::make_shared<torch::nn::Module>(); }
 Linear conv1d(int64_t in, int64_t out) { return Linear(LinearOptions{in, out, true, true}); }
 
 class Gpt2BlockImpl : public torch::nn::Module, public FfnSlot {
  public:
   Gpt2BlockImpl(const Gpt2Config& c, int64_t index) : c_(c), index_(index) {
     ln_1_ = register_module("ln_1", LayerNorm(c.n_embd, c.layer_norm_epsilon));
-    auto attn = register_module("attn", node());
+    auto attn = register_module("attn", container());
     c_attn_ = attn->register_module("c_attn", conv1d(c.n_embd, 3 * c.n_embd));
     attn_proj_ = attn->register_module("c_proj", conv1d(c.n_embd, c.n_embd));
     ln_2_ = register_module("ln_2", LayerNorm(c.n_embd, c.layer_norm_epsilon));
-    mlp_ = register_module("mlp", node());
+    mlp_ = register_module("mlp", container());
     c_fc_ = mlp_->register_module("c_fc", conv1d(c.n_embd, c.n_inner));
     mlp_proj_ = mlp_->register_module("c_proj", conv1d(c.n_inner, c.n_embd));
     act_ = parse_activation(c.activation_function, "activation_function");
@@ -130,7 +129,7 @@ class Gpt2BlockImpl : public torch::nn::Module, public FfnSlot {
 class Gpt2ModelImpl : public PretrainedModelImpl {
  public:
   Gpt2ModelImpl(const Gpt2Config& c, Head head) : c_(c), head_(head) {
-    auto tr = register_module("transformer", node());
+    auto tr = register_module("transformer", container());
     wte_ = tr->register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
     wpe_ = tr->register_module("wpe", torch::nn::Embedding(c.n_positions, c.n_embd));
     auto h = tr->register_module("h", torch::nn::ModuleList());

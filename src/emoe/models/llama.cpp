@@ -75,19 +75,18 @@ LlamaConfig LlamaConfig::from_json(const JsonFields& j) {
 
 namespace {
 
-std::shared_ptr<torch::nn::Module> node() { return std::make_shared<torch::nn::Module>(); }
 
 class LlamaLayerImpl : public torch::nn::Module, public FfnSlot {
  public:
   LlamaLayerImpl(const LlamaConfig& c, int64_t index) : c_(c), index_(index) {
     const int64_t d = c.hidden_size, hd = c.head_dim();
     auto lin = [](int64_t in, int64_t out, bool bias) { return Linear(LinearOptions{in, out, bias, false}); };
-    auto attn = register_module("self_attn", node());
+    auto attn = register_module("self_attn", container());
     q_ = attn->register_module("q_proj", lin(d, c.num_attention_heads * hd, c.attention_bias));
     k_ = attn->register_module("k_proj", lin(d, c.num_key_value_heads * hd, c.attention_bias));
     v_ = attn->register_module("v_proj", lin(d, c.num_key_value_heads * hd, c.attention_bias));
     o_ = attn->register_module("o_proj", lin(c.num_attention_heads * hd, d, c.attention_bias));
-    mlp_ = register_module("mlp", node());
+    mlp_ = register_module("mlp", container());
     gate_ = mlp_->register_module("gate_proj", lin(d, c.intermediate_size, false));
     up_ = mlp_->register_module("up_proj", lin(d, c.intermediate_size, false));
     down_ = mlp_->register_module("down_proj", lin(c.intermediate_size, d, false));
@@ -145,7 +144,7 @@ class LlamaLayerImpl : public torch::nn::Module, public FfnSlot {
 class LlamaModelImpl : public PretrainedModelImpl {
  public:
   LlamaModelImpl(const LlamaConfig& c, Head head) : c_(c), head_(head) {
-    auto model = register_module("model", node());
+    auto model = register_module("model", container());
     embed_ = model->register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
     auto layers = model->register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {

@@ -26,6 +26,8 @@ Head parse_head(const std::string& name) {
   EMOE_THROW(UsageError, "--head: expected base, seqcls, mlm or lm, got '{}'", name);
 }
 
+std::shared_ptr<torch::nn::Module> container() { return std::make_shared<torch::nn::Module>(); }
+
 nlohmann::json PretrainedModelImpl::config_json() const { return config_json_; }
 
 torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {

@@ -75,6 +75,10 @@ class PretrainedModelImpl : public torch::nn::Module {
 };
 using ModelPtr = std::shared_ptr<PretrainedModelImpl>;
 
+// An empty module that only names a level of the tree, so that named_parameters() spells
+// Hugging Face's keys (e.g. "attention" in bert.encoder.layer.0.attention.self.query).
+std::shared_ptr<torch::nn::Module> container();
+
 // Hugging Face losses: shifted causal-LM cross-entropy (ignore -100), masked-LM cross-entropy,
 // and sequence classification by problem type (regression when num_labels == 1).
 torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels);
