@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "emoe/core/error.h"
 #include "emoe/moe/convert.h"
+#include "emoe/train/model_io.h"
 #include "sample_text.h"
 
 namespace emoe::cli {

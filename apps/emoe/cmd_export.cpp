@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "emoe/core/error.h"
 #include "emoe/moe/convert.h"
+#include "emoe/train/model_io.h"
 
 namespace emoe::cli {
 namespace {
@@ -16,15 +17,27 @@ struct ExportArgs {
 void run_export(const ExportArgs& a) {
   EMOE_CHECK(a.dense, UsageError, "export: pass --dense (recomposition to the original architecture)");
   MoeState state;
-  auto model = load_any_model(a.moe_dir, {}, &state);
-  EMOE_CHECK(!state.empty(), UsageError, "{}: no moe.json: the model is already dense", a.moe_dir);
-  const auto method = state.config.method;
-  const auto layers = state.config.layers;
-  recompose_dense(*model, state);
-  save_moe_model(*model, state, a.out, a.moe_dir);
-  std::cout << fmt::format("{} -> {}: dense {} (layers {} recomposed from {}, neurons in original order)\n",
-                           a.moe_dir, a.out, model->config_json()["architectures"][0].get<std::string>(),
-                           fmt::join(layers, ","), to_string(method));
+  PeftConfig peft;
+  auto model = load_any_model(a.moe_dir, {}, &state, &peft);
+  EMOE_CHECK(!state.empty() || peft.method != PeftMethod::kNone, UsageError,
+             "{}: no moe.json or peft.json: the model is already dense", a.moe_dir);
+  std::vector<std::string> done;
+  if (!state.empty()) {
+    done.push_back(fmt::format("layers {} recomposed from {} (neurons in original order)",
+                               fmt::join(state.config.layers, ","), to_string(state.config.method)));
+    recompose_dense(*model, state);
+  }
+  if (peft.method == PeftMethod::kLora) {
+    merge_lora(*model);
+    peft = PeftConfig();
+    done.push_back("LoRA merged into the weights");
+  }
+  save_any_model(*model, state, peft, a.out, a.moe_dir);
+  if (peft.method != PeftMethod::kNone)
+    done.push_back(fmt::format("{} adapters kept (peft.json): they have no dense form", to_string(peft.method)));
+  std::cout << fmt::format("{} -> {}: {}; {}\n", a.moe_dir, a.out,
+                           model->config_json()["architectures"][0].get<std::string>(),
+                           fmt::join(done, "; "));
 }
 
 }  // namespace

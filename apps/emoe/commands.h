@@ -29,5 +29,8 @@ void register_forward(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_export(CLI::App& app);
+void register_train(CLI::App& app);
+void register_eval(CLI::App& app);
+void register_sweep(CLI::App& app);
 
 }  // namespace emoe::cli

@@ -25,6 +25,9 @@ int main(int argc, char** argv) {
   emoe::cli::register_tokenize(app);
   emoe::cli::register_convert(app);
   emoe::cli::register_export(app);
+  emoe::cli::register_train(app);
+  emoe::cli::register_eval(app);
+  emoe::cli::register_sweep(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

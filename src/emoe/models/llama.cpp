@@ -224,7 +224,8 @@ class LlamaModelImpl : public PretrainedModelImpl {
       if (in.labels.defined()) out.loss = causal_lm_loss(out.logits, in.labels);
     } else if (head_ == Head::kSequenceClassification) {
       auto all = score_(h);
-      auto idx = last_token_index(ids_d, c_.pad_token_id);
+      auto idx = in.attention_mask.defined() ? last_real_token_index(in.attention_mask.to(dev))
+                                             : last_token_index(ids_d, c_.pad_token_id);
       out.logits = all.index({torch::arange(b, idx.options()), idx});
       if (in.labels.defined())
         out.loss = sequence_classification_loss(out.logits, in.labels, c_.num_labels, c_.problem_type);

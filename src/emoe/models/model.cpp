@@ -75,4 +75,12 @@ torch::Tensor last_token_index(const torch::Tensor& input_ids, std::optional<int
   return torch::remainder(idx, t);  // -1 -> last position, as Python indexing does
 }
 
+torch::Tensor last_real_token_index(const torch::Tensor& attention_mask) {
+  const auto t = attention_mask.size(1);
+  auto pos = torch::arange(t, attention_mask.options().dtype(torch::kLong)).unsqueeze(0);
+  auto masked = torch::where(attention_mask != 0, pos, torch::full_like(pos, -1));
+  auto idx = std::get<0>(masked.max(1));
+  return idx.clamp_min(0);
+}
+
 }  // namespace emoe

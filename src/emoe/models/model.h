@@ -90,5 +90,9 @@ torch::Tensor sequence_classification_loss(const torch::Tensor& logits,
 // Hugging Face's pooled index for decoder classifiers: (first pad in the row) - 1, i.e. the
 // last position when a row has no pad or starts with one.
 torch::Tensor last_token_index(const torch::Tensor& input_ids, std::optional<int64_t> pad_id);
+// With an attention mask: the last position whose mask is 1 (the same index wherever Hugging
+// Face's rule is well defined, and right also when the pad id occurs inside the text or the
+// config has no pad id).
+torch::Tensor last_real_token_index(const torch::Tensor& attention_mask);
 
 }  // namespace emoe

@@ -302,15 +302,4 @@ void save_moe_model(PretrainedModelImpl& model, const MoeState& state, const std
   if (!tokenizer_dir.empty()) copy_tokenizer_files(tokenizer_dir, dir);
 }
 
-ModelPtr load_any_model(const std::string& dir, const LoadOptions& options, MoeState* state_out) {
-  auto moe_path = fs::path(dir) / "moe.json";
-  MoeState state;
-  if (fs::exists(moe_path)) state = moe_state_from_json(JsonFields::from_file(moe_path.string()));
-  auto model = load_model(dir, options, [&](PretrainedModelImpl& m) {
-    if (!state.empty()) attach_moe(m, state);
-  });
-  if (state_out) *state_out = state;
-  return model;
-}
-
 }  // namespace emoe

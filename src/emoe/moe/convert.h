@@ -58,9 +58,6 @@ MoeState moe_state_from_json(const JsonFields& j);
 void save_moe_model(PretrainedModelImpl& model, const MoeState& state, const std::string& dir,
                     const std::string& tokenizer_dir = "");
 
-// Loads a model folder, dense or converted (moe.json present); `state` receives the MoE state.
-ModelPtr load_any_model(const std::string& dir, const LoadOptions& options = {},
-                        MoeState* state = nullptr);
 
 // Copies tokenizer files (vocab, merges, tokenizer.model/json, configs) from one folder to another.
 void copy_tokenizer_files(const std::string& from, const std::string& to);

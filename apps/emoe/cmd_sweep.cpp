@@ -1,0 +1,157 @@
+// `emoe sweep --config run.yaml --grid lr=... --seeds 0,1,2 [--methods ...]`: the papers'
+// protocol — best epoch per run, the grid point chosen by the mean over seeds — and a
+// mean ± std table per method.
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "commands.h"
+#include "emoe/core/error.h"
+#include "emoe/io/atomic_file.h"
+#include "emoe/train/trainer.h"
+
+namespace emoe::cli {
+namespace {
+namespace fs = std::filesystem;
+
+struct SweepArgs {
+  std::string config, output;
+  std::vector<std::string> grid, sets;
+  std::string seeds = "0", methods;
+};
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string part;
+  while (std::getline(ss, part, ','))
+    if (!part.empty()) out.push_back(part);
+  return out;
+}
+
+struct Stat {
+  double mean = 0, std = 0;
+  int64_t n = 0;
+};
+Stat stat_of(const std::vector<double>& v) {
+  Stat s;
+  s.n = static_cast<int64_t>(v.size());
+  if (v.empty()) return s;
+  for (double x : v) s.mean += x;
+  s.mean /= static_cast<double>(v.size());
+  if (v.size() > 1) {
+    double ss = 0;
+    for (double x : v) ss += (x - s.mean) * (x - s.mean);
+    s.std = std::sqrt(ss / static_cast<double>(v.size() - 1));
+  }
+  return s;
+}
+
+void run_sweep(const SweepArgs& a) {
+  RunConfig base = load_run_config(a.config, a.sets);
+  std::string root = a.output.empty() ? base.output : a.output;
+  std::vector<std::string> methods = a.methods.empty() ? std::vector<std::string>{base.method} : split_commas(a.methods);
+  std::vector<std::string> seeds = split_commas(a.seeds);
+  EMOE_CHECK(!seeds.empty(), UsageError, "--seeds: expected a list like 0,1,2");
+  // grid: cartesian product of key=v1,v2 options ("lr" is short for train.lr)
+  std::vector<std::vector<std::string>> points = {{}};
+  for (const auto& g : a.grid) {
+    auto eq = g.find('=');
+    EMOE_CHECK(eq != std::string::npos, UsageError, "--grid {}: expected key=v1,v2,...", g);
+    std::string key = g.substr(0, eq);
+    if (key == "lr" || key == "epochs" || key == "batch_size" || key == "seed") key = "train." + key;
+    std::vector<std::vector<std::string>> next;
+    for (const auto& p : points)
+      for (const auto& v : split_commas(g.substr(eq + 1))) {
+        auto q = p;
+        q.push_back(key + "=" + v);
+        next.push_back(q);
+      }
+    points = next;
+  }
+  nlohmann::json all = nlohmann::json::array();
+  std::vector<std::string> table;
+  std::vector<std::string> set_names;
+  for (const auto& method : methods) {
+    // per grid point: the best-epoch dev score of each seed, and the sets' main metrics
+    std::vector<std::map<std::string, std::vector<double>>> per_point(points.size());
+    std::string main_metric;
+    for (size_t pi = 0; pi < points.size(); ++pi) {
+      std::string tag;
+      for (const auto& kv : points[pi]) tag += (tag.empty() ? "" : "_") + kv.substr(kv.find('.') == std::string::npos ? 0 : kv.find('.') + 1);
+      if (tag.empty()) tag = "default";
+      for (const auto& seed : seeds) {
+        auto sets = a.sets;
+        sets.push_back("method=" + method);
+        sets.push_back("train.seed=" + seed);
+        for (const auto& kv : points[pi]) sets.push_back(kv);
+        std::string out = (fs::path(root) / method / tag / ("seed-" + seed)).string();
+        sets.push_back("output=" + out);
+        RunConfig cfg = load_run_config(a.config, sets);
+        nlohmann::json res;
+        auto res_path = fs::path(out) / "results.json";
+        if (fs::exists(res_path)) {
+          res = JsonFields::from_file(res_path.string()).raw();
+          spdlog::info("sweep: {} done before; reusing its results", out);
+        } else {
+          spdlog::info("sweep: {} {} seed {}", method, tag, seed);
+          res = run_training(cfg, /*resume=*/true).results;
+        }
+        main_metric = res["main_metric"].get<std::string>();
+        auto& best = res["best"];
+        for (auto& [set, v] : best.items()) {
+          double x = set == "dev" && main_metric == "dev_loss" ? v["loss"].get<double>()
+                     : v["metrics"].contains(main_metric) ? v["metrics"][main_metric].get<double>()
+                     : v["metrics"].begin().value().get<double>();
+          per_point[pi][set].push_back(x);
+          if (std::find(set_names.begin(), set_names.end(), set) == set_names.end()) set_names.push_back(set);
+        }
+        all.push_back({{"method", method}, {"point", points[pi]}, {"seed", seed}, {"results", res["best"]},
+                       {"best_epoch", res["best_epoch"]}, {"run", out}});
+      }
+    }
+    // the grid point with the best mean dev score (lowest mean loss for instruction tuning)
+    size_t best_pi = 0;
+    double best_mean = -std::numeric_limits<double>::infinity();
+    for (size_t pi = 0; pi < points.size(); ++pi) {
+      double m = stat_of(per_point[pi]["dev"]).mean * (main_metric == "dev_loss" ? -1 : 1);
+      if (m > best_mean) best_mean = m, best_pi = pi;
+    }
+    std::vector<std::string> cells;
+    for (const auto& set : set_names) {
+      auto s = stat_of(per_point[best_pi][set]);
+      cells.push_back(s.n ? fmt::format("{:.2f} ± {:.2f}", s.mean, s.std) : "-");
+    }
+    table.push_back(fmt::format("| {} | {} | {} |", method,
+                                points[best_pi].empty() ? "default" : fmt::format("{}", fmt::join(points[best_pi], " ")),
+                                fmt::join(cells, " | ")));
+  }
+  std::string header = fmt::format("| method | chosen | {} |\n|---|---|{}\n", fmt::join(set_names, " | "),
+                                   std::string(set_names.size() * 4, '-'));
+  std::string md = fmt::format("{} on {} ({}), mean ± std over seeds {} of the best-epoch {}\n\n{}{}\n",
+                               base.model, base.objective == "classification" ? base.task : "instructions",
+                               a.methods.empty() ? base.method : a.methods, a.seeds,
+                               base.objective == "classification" ? "score" : "dev loss", header,
+                               fmt::join(table, "\n"));
+  std::cout << md;
+  fs::create_directories(root);
+  write_text_atomic((fs::path(root) / "sweep.md").string(), md);
+  write_text_atomic((fs::path(root) / "sweep.json").string(), all.dump(1) + "\n");
+}
+
+}  // namespace
+
+void register_sweep(CLI::App& app) {
+  auto a = std::make_shared<SweepArgs>();
+  auto* cmd = app.add_subcommand("sweep", "Grid x seeds x methods, best epoch per run, mean ± std table");
+  cmd->add_option("--config,-c", a->config, "YAML run config")->required();
+  cmd->add_option("--grid", a->grid, "key=v1,v2 (repeatable; lr is train.lr)");
+  cmd->add_option("--seeds", a->seeds, "Seeds, e.g. 0,1,2")->capture_default_str();
+  cmd->add_option("--methods", a->methods, "Methods, e.g. full,lora,emoe (default: the config's)");
+  cmd->add_option("--set", a->sets, "Override a config key for every run (repeatable)");
+  cmd->add_option("-o,--output", a->output, "Root folder of the sweep (default: the config's output)");
+  cmd->callback([a] { run_sweep(*a); });
+}
+
+}  // namespace emoe::cli

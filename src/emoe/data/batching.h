@@ -1,0 +1,44 @@
+// Turning text examples into padded tensor batches, with a deterministic order per epoch.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "emoe/data/dataset.h"
+#include "emoe/tokenizer/tokenizer.h"
+
+namespace emoe {
+
+struct EncodedExample {
+  std::vector<int64_t> ids;
+  std::vector<int64_t> type_ids;
+  double label = 0;
+  // Causal-LM examples (instruction tuning): per-token targets, -100 where no loss is taken.
+  std::vector<int64_t> lm_labels;
+};
+
+// Tokenises every example (pairs with the tokenizer's pair template), truncated to max_length.
+std::vector<EncodedExample> encode_dataset(const Dataset& data, const Tokenizer& tok,
+                                           int64_t max_length);
+
+// Alpaca: prompt + response (+ eos), loss only on the response tokens; truncated to max_length.
+std::vector<EncodedExample> encode_instructions(const std::vector<InstructionExample>& data,
+                                                const Tokenizer& tok, int64_t max_length);
+
+struct Batch {
+  at::Tensor input_ids;       // [B, T] int64, right-padded with pad_id
+  at::Tensor attention_mask;  // [B, T] int64
+  at::Tensor token_type_ids;  // [B, T] int64
+  at::Tensor labels;          // [B] int64 (classes), [B] float (regression), or [B, T] (LM)
+};
+
+// Pads to the longest example of the batch.
+Batch collate(const std::vector<const EncodedExample*>& examples, int64_t pad_id, bool regression,
+              bool lm);
+
+// The example order of an epoch: a permutation that depends only on (seed, epoch), so a resumed
+// run sees the same order.
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle = true);
+
+}  // namespace emoe

@@ -1,0 +1,165 @@
+// Evaluation loops.
+#include "emoe/eval/evaluate.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "emoe/core/error.h"
+#include "emoe/eval/metrics.h"
+
+namespace emoe {
+
+namespace {
+
+struct EvalModeGuard {
+  explicit EvalModeGuard(torch::nn::Module& m) : m_(m), was_(m.is_training()) { m_.eval(); }
+  ~EvalModeGuard() { m_.train(was_); }
+  torch::nn::Module& m_;
+  bool was_;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+EvalOutput evaluate_classifier(PretrainedModelImpl& model, const std::vector<EncodedExample>& data,
+                               const TaskSpec& task, int64_t batch_size, int64_t pad_id,
+                               const std::vector<int64_t>& prediction_labels) {
+  auto t0 = std::chrono::steady_clock::now();
+  EvalModeGuard guard(model);
+  torch::NoGradGuard no_grad;
+  std::vector<double> pred, gold;
+  double loss_sum = 0;
+  for (size_t b = 0; b < data.size(); b += batch_size) {
+    std::vector<const EncodedExample*> ex;
+    for (size_t i = b; i < std::min(data.size(), b + batch_size); ++i) ex.push_back(&data[i]);
+    auto batch = collate(ex, pad_id, task.regression, false);
+    ModelInputs in;
+    in.input_ids = batch.input_ids;
+    in.attention_mask = batch.attention_mask;
+    in.token_type_ids = batch.token_type_ids;
+    in.labels = batch.labels;
+    auto out = model.forward(in);
+    loss_sum += out.loss.item<double>() * static_cast<double>(ex.size());
+    auto logits = out.logits.to(torch::kCPU).to(torch::kFloat);
+    if (task.regression) {
+      auto v = logits.view({-1});
+      for (int64_t i = 0; i < v.size(0); ++i) pred.push_back(v[i].item<double>());
+    } else {
+      auto a = logits.argmax(-1);
+      for (int64_t i = 0; i < a.size(0); ++i) {
+        int64_t c = a[i].item<int64_t>();
+        if (!prediction_labels.empty()) c = prediction_labels.at(c);
+        pred.push_back(static_cast<double>(c));
+      }
+    }
+    for (auto* e : ex) gold.push_back(e->label);
+  }
+  EvalOutput o;
+  o.examples = static_cast<int64_t>(data.size());
+  o.loss = data.empty() ? 0 : loss_sum / static_cast<double>(data.size());
+  if (!data.empty()) o.metrics = compute_metrics(task.metrics, pred, gold, task.regression);
+  o.seconds = seconds_since(t0);
+  return o;
+}
+
+EvalOutput evaluate_lm_loss(PretrainedModelImpl& model, const std::vector<EncodedExample>& data,
+                            int64_t batch_size, int64_t pad_id) {
+  auto t0 = std::chrono::steady_clock::now();
+  EvalModeGuard guard(model);
+  torch::NoGradGuard no_grad;
+  double nll = 0, tokens = 0;
+  for (size_t b = 0; b < data.size(); b += batch_size) {
+    std::vector<const EncodedExample*> ex;
+    for (size_t i = b; i < std::min(data.size(), b + batch_size); ++i) ex.push_back(&data[i]);
+    auto batch = collate(ex, pad_id, false, true);
+    ModelInputs in;
+    in.input_ids = batch.input_ids;
+    in.attention_mask = batch.attention_mask;
+    in.labels = batch.labels;
+    auto out = model.forward(in);
+    double n = (batch.labels.narrow(1, 1, batch.labels.size(1) - 1) != -100).sum().item<double>();
+    nll += out.loss.item<double>() * n;
+    tokens += n;
+  }
+  EvalOutput o;
+  o.examples = static_cast<int64_t>(data.size());
+  o.loss = tokens > 0 ? nll / tokens : 0;
+  o.metrics["perplexity"] = std::exp(o.loss);
+  o.seconds = seconds_since(t0);
+  return o;
+}
+
+int64_t pick_choice(const at::Tensor& next_logits, const std::vector<int64_t>& letter_tokens) {
+  auto lp = next_logits.to(torch::kCPU).to(torch::kFloat).log_softmax(-1);
+  int64_t best = 0;
+  double best_v = -std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < letter_tokens.size(); ++i) {
+    double v = lp[letter_tokens[i]].item<double>();
+    if (v > best_v) best_v = v, best = static_cast<int64_t>(i);
+  }
+  return best;
+}
+
+std::vector<int64_t> answer_letter_tokens(const Tokenizer& tok) {
+  std::vector<int64_t> out;
+  for (const char* letter : {" A", " B", " C", " D"}) {
+    auto ids = tok.encode_plain(letter);
+    EMOE_CHECK(!ids.empty(), InputError, "the tokenizer has no token for '{}'", letter);
+    out.push_back(ids.back());
+  }
+  for (size_t i = 0; i < out.size(); ++i)
+    for (size_t j = i + 1; j < out.size(); ++j)
+      EMOE_CHECK(out[i] != out[j], InputError,
+                 "the tokenizer maps two answer letters to the same token ({}); cannot score MMLU",
+                 out[i]);
+  return out;
+}
+
+MultipleChoiceResult evaluate_multiple_choice(
+    const std::function<at::Tensor(const std::vector<int64_t>&)>& next_logits,
+    const Tokenizer& tok, const std::vector<MultipleChoiceExample>& questions,
+    const std::vector<MultipleChoiceExample>& dev, int64_t shots, int64_t max_length) {
+  auto letters = answer_letter_tokens(tok);
+  std::map<std::string, std::pair<int64_t, int64_t>> per;  // subject -> (correct, total)
+  int64_t correct = 0;
+  for (const auto& q : questions) {
+    std::vector<MultipleChoiceExample> k;
+    for (const auto& d : dev)
+      if (static_cast<int64_t>(k.size()) < shots && d.subject == q.subject) k.push_back(d);
+    auto ids = tok.encode(mmlu_prompt(q, k), true).ids;
+    if (max_length > 0 && static_cast<int64_t>(ids.size()) > max_length)
+      ids.erase(ids.begin(), ids.end() - max_length);
+    int64_t choice = pick_choice(next_logits(ids), letters);
+    bool ok = choice == q.answer;
+    correct += ok;
+    per[q.subject].first += ok;
+    per[q.subject].second += 1;
+  }
+  MultipleChoiceResult r;
+  r.questions = static_cast<int64_t>(questions.size());
+  r.accuracy = questions.empty() ? 0 : 100.0 * static_cast<double>(correct) / static_cast<double>(r.questions);
+  for (const auto& [s, c] : per) r.per_subject[s] = 100.0 * static_cast<double>(c.first) / static_cast<double>(c.second);
+  return r;
+}
+
+MultipleChoiceResult evaluate_mmlu(PretrainedModelImpl& model, const Tokenizer& tok,
+                                   const std::vector<MultipleChoiceExample>& questions,
+                                   const std::vector<MultipleChoiceExample>& dev, int64_t shots,
+                                   int64_t max_length) {
+  EvalModeGuard guard(model);
+  torch::NoGradGuard no_grad;
+  return evaluate_multiple_choice(
+      [&](const std::vector<int64_t>& ids) {
+        ModelInputs in;
+        in.input_ids = torch::tensor(ids, torch::kLong).unsqueeze(0);
+        return model.forward(in).logits[0][-1];
+      },
+      tok, questions, dev, shots, max_length);
+}
+
+}  // namespace emoe

@@ -1,0 +1,37 @@
+// LoRA adapter: initialisation as PEFT does it, the forward update, and the merged delta.
+#include "emoe/peft/lora.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "emoe/core/error.h"
+
+namespace emoe {
+
+LoraAdapter::LoraAdapter(const LinearImpl& base, const LoraOptions& options, at::Generator& gen)
+    : options_(options) {
+  const auto& lo = base.options();
+  EMOE_CHECK(options.r >= 1, UsageError, "peft.r: expected a rank >= 1, got {}", options.r);
+  // kaiming_uniform_(a=√5) on [r, in]: gain √(2/(1+5)), bound gain·√(3/fan_in) = 1/√in
+  const double bound = 1.0 / std::sqrt(static_cast<double>(lo.in));
+  auto a = torch::empty({options.r, lo.in}, torch::kFloat).uniform_(-bound, bound, gen);
+  auto wopts = base.weight.options();
+  lora_a = register_module("lora_A", AdapterWeight(a.to(wopts)));
+  lora_b = register_module("lora_B", AdapterWeight(torch::zeros({lo.out, options.r}, wopts)));
+}
+
+torch::Tensor LoraAdapter::adapt(const torch::Tensor& x, LinearImpl& base) {
+  auto y = base.base_forward(x);
+  // The adapter itself is not a child of the model (only its parts are), so the layer's
+  // train/eval flag is the one that counts.
+  auto h =
+      options_.dropout > 0 && base.is_training() ? torch::dropout(x, options_.dropout, true) : x;
+  return y + torch::linear(torch::linear(h, lora_a->weight), lora_b->weight) * scaling();
+}
+
+torch::Tensor LoraAdapter::delta_weight() const {
+  return torch::mm(lora_b->weight.to(torch::kFloat), lora_a->weight.to(torch::kFloat)) * scaling();
+}
+
+}  // namespace emoe

@@ -1,0 +1,41 @@
+// MoLoRA: a router-weighted soft (or top-k) mixture of E LoRA experts on one Linear.
+#pragma once
+#include <ATen/core/Generator.h>
+
+#include "emoe/models/linear.h"
+
+namespace emoe {
+
+struct MoloraOptions {
+  int64_t r = 4;
+  double alpha = 16;
+  double dropout = 0.0;  // on the experts' input, in training only
+  int64_t experts = 10;
+  int64_t topk = 0;             // 0: every expert, weighted by its probability
+  double balance_weight = 0.0;  // Switch balance loss weight (top-k, training)
+};
+
+// y = base(x) + (alpha/r) Σ_e p_e B_e A_e dropout(x), p = softmax(router x) in float32. The
+// experts are stacked so the update is two matmuls: molora_A [E·r, in] (expert e owns rows
+// [e·r, (e+1)·r)), then the rank activations weighted by p repeated r times, then
+// molora_B [out, E·r]. A_e ~ N(0, 0.02²), B_e = 0; the router molora_router [E, in] (a Linear
+// without bias) ~ N(0, 0.02²) like MoV's. Top-k: the probabilities of the other experts are set
+// to 0 (not renormalised), and in training balance_weight · E Σ_e f_e P_e (Switch) is kept.
+class MoloraAdapter : public LinearAdapter {
+ public:
+  MoloraAdapter(const LinearImpl& base, const MoloraOptions& options, at::Generator& gen);
+  torch::Tensor adapt(const torch::Tensor& x, LinearImpl& base) override;
+
+  double scaling() const { return options_.alpha / static_cast<double>(options_.r); }
+  const MoloraOptions& options() const { return options_; }
+  // Weighted balance loss of the last training forward (top-k with a weight > 0), or undefined.
+  const torch::Tensor& aux_loss() const { return aux_loss_; }
+
+  torch::Tensor molora_A, molora_B, molora_router;
+
+ private:
+  MoloraOptions options_;
+  torch::Tensor aux_loss_;
+};
+
+}  // namespace emoe

@@ -1,0 +1,126 @@
+// Atomic, complete training checkpoints.
+#include "emoe/train/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "emoe/core/error.h"
+#include "emoe/io/atomic_file.h"
+#include "emoe/io/safetensors.h"
+
+namespace emoe {
+namespace fs = std::filesystem;
+
+nlohmann::json TrainState::to_json() const {
+  return {{"step", step}, {"epoch", epoch}, {"batch_in_epoch", batch_in_epoch},
+          {"best_metric", std::isfinite(best_metric) ? nlohmann::json(best_metric) : nlohmann::json()},
+          {"best_epoch", best_epoch}, {"evals_without_gain", evals_without_gain},
+          {"metrics_bytes", metrics_bytes}, {"train_seconds", train_seconds}, {"history", history}};
+}
+
+TrainState TrainState::from_json(const nlohmann::json& j, const std::string& where) {
+  TrainState s;
+  try {
+    s.step = j.at("step").get<int64_t>();
+    s.epoch = j.at("epoch").get<int64_t>();
+    s.batch_in_epoch = j.at("batch_in_epoch").get<int64_t>();
+    if (!j.at("best_metric").is_null()) s.best_metric = j.at("best_metric").get<double>();
+    s.best_epoch = j.at("best_epoch").get<int64_t>();
+    s.evals_without_gain = j.at("evals_without_gain").get<int64_t>();
+    s.metrics_bytes = j.at("metrics_bytes").get<int64_t>();
+    s.train_seconds = j.value("train_seconds", 0.0);
+    s.history = j.at("history");
+  } catch (const nlohmann::json::exception& e) {
+    EMOE_THROW(InputError, "{}: malformed training state: {}", where, e.what());
+  }
+  return s;
+}
+
+std::string latest_checkpoint(const std::string& run_dir) {
+  auto pointer = fs::path(run_dir) / "checkpoints" / "latest";
+  if (!fs::exists(pointer)) return "";
+  std::ifstream in(pointer);
+  std::string name;
+  std::getline(in, name);
+  auto dir = fs::path(run_dir) / "checkpoints" / name;
+  EMOE_CHECK(!name.empty() && fs::is_directory(dir), InputError,
+             "{}: points at '{}', which is not a checkpoint folder", pointer.string(), name);
+  return dir.string();
+}
+
+void save_checkpoint(const std::string& run_dir, PretrainedModelImpl& model, Optimizer& opt,
+                     const TrainState& state) {
+  auto root = fs::path(run_dir) / "checkpoints";
+  auto name = fmt::format("step-{:08d}", state.step);
+  auto dir = root / name;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  EMOE_CHECK(!ec, RuntimeError, "{}: cannot create: {}", dir.string(), ec.message());
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (const auto& p : model.named_parameters()) params.emplace_back(p.key(), p.value());
+  save_safetensors((dir / "model.safetensors").string(), params, {{"format", "emoe-checkpoint"}});
+  {
+    auto tmp = (dir / ".optimizer.pt.tmp").string();
+    torch::save(opt.adamw(), tmp);
+    fs::rename(tmp, dir / "optimizer.pt", ec);
+    EMOE_CHECK(!ec, RuntimeError, "{}: rename failed: {}", (dir / "optimizer.pt").string(), ec.message());
+  }
+  auto rng = at::detail::getDefaultCPUGenerator().get_state();
+  save_safetensors((dir / "rng.safetensors").string(), {{"cpu", rng}});
+  write_text_atomic((dir / "state.json").string(), state.to_json().dump(1) + "\n");
+  // Only now does the checkpoint become the latest; a crash before this leaves the old one.
+  write_text_atomic((root / "latest").string(), name + "\n");
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.is_directory() && e.path().filename() != name) fs::remove_all(e.path(), ec);
+}
+
+bool load_checkpoint(const std::string& run_dir, PretrainedModelImpl& model, Optimizer& opt,
+                     TrainState& state) {
+  std::string dir = latest_checkpoint(run_dir);
+  if (dir.empty()) return false;
+  auto file = [&](const char* f) {
+    auto p = (fs::path(dir) / f).string();
+    EMOE_CHECK(fs::exists(p), InputError, "{}: missing (incomplete checkpoint)", p);
+    return p;
+  };
+  {
+    SafetensorsFile f(file("model.safetensors"));
+    torch::NoGradGuard g;
+    std::vector<std::string> problems;
+    for (const auto& p : model.named_parameters()) {
+      if (!f.contains(p.key())) {
+        problems.push_back("missing " + p.key());
+        continue;
+      }
+      auto t = f.load(p.key(), p.value().scalar_type(), p.value().device());
+      if (t.sizes() != p.value().sizes()) {
+        problems.push_back(p.key() + " has another shape");
+        continue;
+      }
+      p.value().copy_(t);
+    }
+    EMOE_CHECK(problems.empty(), InputError,
+               "{}: does not match this run's model ({}); was the config changed?",
+               file("model.safetensors"), fmt::join(problems, ", "));
+  }
+  torch::load(opt.adamw(), file("optimizer.pt"));
+  auto rng = load_safetensors(file("rng.safetensors"));
+  at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle on the global generator
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(rng.at("cpu"));
+  std::ifstream in(file("state.json"));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    EMOE_THROW(InputError, "{}: not valid JSON: {}", file("state.json"), e.what());
+  }
+  state = TrainState::from_json(j, file("state.json"));
+  return true;
+}
+
+}  // namespace emoe

@@ -1,0 +1,78 @@
+// Loading and saving model folders with MoE and PEFT attachments.
+#include "emoe/train/model_io.h"
+
+#include <filesystem>
+
+#include "emoe/core/error.h"
+#include "emoe/io/atomic_file.h"
+
+namespace emoe {
+namespace fs = std::filesystem;
+
+nlohmann::json peft_config_to_json(const PeftConfig& c) {
+  return {{"format", "emoe-peft"}, {"version", 1}, {"method", to_string(c.method)},
+          {"targets", c.targets}, {"feedforward_targets", c.feedforward_targets}, {"r", c.r},
+          {"alpha", c.alpha}, {"dropout", c.dropout}, {"experts", c.experts}, {"topk", c.topk},
+          {"balance_weight", c.balance_weight}, {"seed", c.seed}};
+}
+
+PeftConfig peft_config_from_json(const JsonFields& j) {
+  EMOE_CHECK(j.get_string("format", "") == "emoe-peft", InputError,
+             "{}: field 'format': expected \"emoe-peft\"", j.file());
+  PeftConfig c;
+  try {
+    c.method = parse_peft_method(j.get_string("method"));
+  } catch (const UsageError& e) {
+    EMOE_THROW(InputError, "{}: {}", j.file(), e.what());
+  }
+  auto strings = [&](const char* key) {
+    std::vector<std::string> out;
+    if (!j.has(key)) return out;
+    const auto& v = j.raw()[key];
+    if (!v.is_array()) j.fail(key, "expected a list of module names");
+    for (const auto& x : v) {
+      if (!x.is_string()) j.fail(key, "expected strings");
+      out.push_back(x.get<std::string>());
+    }
+    return out;
+  };
+  c.targets = strings("targets");
+  c.feedforward_targets = strings("feedforward_targets");
+  c.r = j.get_int("r", c.r);
+  c.alpha = j.get_double("alpha", c.alpha);
+  c.dropout = j.get_double("dropout", c.dropout);
+  c.experts = j.get_int("experts", c.experts);
+  c.topk = j.get_int("topk", c.topk);
+  c.balance_weight = j.get_double("balance_weight", c.balance_weight);
+  c.seed = static_cast<uint64_t>(j.get_int("seed", 0));
+  return c;
+}
+
+ModelPtr load_any_model(const std::string& dir, const LoadOptions& options, MoeState* moe_out,
+                        PeftConfig* peft_out) {
+  MoeState moe;
+  PeftConfig peft;
+  auto moe_path = fs::path(dir) / "moe.json";
+  auto peft_path = fs::path(dir) / "peft.json";
+  if (fs::exists(moe_path)) moe = moe_state_from_json(JsonFields::from_file(moe_path.string()));
+  if (fs::exists(peft_path)) peft = peft_config_from_json(JsonFields::from_file(peft_path.string()));
+  auto model = load_model(dir, options, [&](PretrainedModelImpl& m) {
+    if (!moe.empty()) attach_moe(m, moe);
+    if (peft.method != PeftMethod::kNone) apply_peft(m, peft);
+  });
+  if (moe_out) *moe_out = moe;
+  if (peft_out) *peft_out = peft;
+  return model;
+}
+
+void save_any_model(PretrainedModelImpl& model, const MoeState& moe, const PeftConfig& peft,
+                    const std::string& dir, const std::string& tokenizer_dir) {
+  save_moe_model(model, moe, dir, tokenizer_dir);
+  auto peft_path = (fs::path(dir) / "peft.json").string();
+  if (peft.method != PeftMethod::kNone)
+    write_text_atomic(peft_path, peft_config_to_json(peft).dump(1) + "\n");
+  else if (fs::exists(peft_path))
+    fs::remove(peft_path);
+}
+
+}  // namespace emoe

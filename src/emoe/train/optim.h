@@ -1,0 +1,47 @@
+// AdamW with parameter groups (decay / no decay; head and router learning rates) and the
+// learning-rate schedules with warm-up.
+#pragma once
+#include <torch/optim/adamw.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "emoe/models/model.h"
+#include "emoe/train/run_config.h"
+
+namespace emoe {
+
+// One group per (learning-rate multiplier, weight decay) among the trainable parameters:
+// biases and norm weights get no decay; the task head and routers may have their own lr.
+struct ParamGroupInfo {
+  std::string name;   // "body", "body/no_decay", "head", "router", ...
+  double base_lr = 0;
+  int64_t numel = 0;
+};
+
+class Optimizer {
+ public:
+  Optimizer(PretrainedModelImpl& model, const TrainOptions& o);
+  // Sets every group's lr to base_lr * factor.
+  void set_lr_factor(double factor);
+  double current_lr() const;  // lr of the first group
+  void step() { adamw_->step(); }
+  void zero_grad() { adamw_->zero_grad(); }
+  torch::optim::AdamW& adamw() { return *adamw_; }
+  const std::vector<ParamGroupInfo>& groups() const { return groups_; }
+  // Every trainable parameter in group order (for clipping and checkpoints).
+  std::vector<torch::Tensor> parameters() const;
+  std::vector<std::string> parameter_names() const;
+
+ private:
+  std::unique_ptr<torch::optim::AdamW> adamw_;
+  std::vector<ParamGroupInfo> groups_;
+  std::vector<std::string> names_;
+};
+
+// lr multiplier at optimiser step `step` (0-based) of `total`, as Hugging Face computes it:
+// linear warm-up step/warmup, then linear decay to 0, cosine decay to 0, or constant.
+double schedule_factor(const std::string& kind, int64_t step, int64_t total, int64_t warmup);
+
+}  // namespace emoe

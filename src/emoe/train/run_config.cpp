@@ -1,0 +1,333 @@
+// Run configuration: YAML -> JSON -> typed struct, with overrides and validation.
+#include "emoe/train/run_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <set>
+
+#include "emoe/core/error.h"
+
+namespace emoe {
+
+namespace {
+
+nlohmann::json yaml_to_json(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined: return nullptr;
+    case YAML::NodeType::Sequence: {
+      nlohmann::json a = nlohmann::json::array();
+      for (const auto& x : n) a.push_back(yaml_to_json(x));
+      return a;
+    }
+    case YAML::NodeType::Map: {
+      nlohmann::json o = nlohmann::json::object();
+      for (const auto& kv : n) o[kv.first.as<std::string>()] = yaml_to_json(kv.second);
+      return o;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string s = n.Scalar();
+      if (n.Tag() == "!") return s;  // quoted: a string
+      if (s == "true" || s == "True") return true;
+      if (s == "false" || s == "False") return false;
+      if (s == "null" || s == "~") return nullptr;
+      try {
+        size_t used = 0;
+        long long v = std::stoll(s, &used);
+        if (used == s.size()) return v;
+      } catch (const std::exception&) {
+      }
+      try {
+        size_t used = 0;
+        double v = std::stod(s, &used);
+        if (used == s.size()) return v;
+      } catch (const std::exception&) {
+      }
+      return s;
+    }
+  }
+  return nullptr;
+}
+
+// Reads a key of a JSON object into `out`, naming `where.key` in errors; marks the key used.
+class Reader {
+ public:
+  Reader(const nlohmann::json& j, std::string where) : j_(j), where_(std::move(where)) {
+    EMOE_CHECK(j_.is_object(), InputError, "{}: expected a mapping, got {}", where_, j_.type_name());
+  }
+  template <typename T>
+  void get(const char* key, T& out) {
+    used_.insert(key);
+    if (!j_.contains(key) || j_[key].is_null()) return;
+    try {
+      out = j_[key].get<T>();
+    } catch (const nlohmann::json::exception&) {
+      EMOE_THROW(InputError, "{}.{}: expected {}, got {}", where_, key, kind<T>(), j_[key].dump());
+    }
+  }
+  const nlohmann::json* sub(const char* key) {
+    used_.insert(key);
+    if (!j_.contains(key) || j_[key].is_null()) return nullptr;
+    return &j_[key];
+  }
+  void finish() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      EMOE_CHECK(used_.count(it.key()), InputError, "{}: unknown key '{}' (known: {})", where_,
+                 it.key(), fmt::join(used_, ", "));
+  }
+
+ private:
+  template <typename T>
+  static const char* kind() {
+    if constexpr (std::is_same_v<T, bool>) return "true or false";
+    else if constexpr (std::is_integral_v<T>) return "an integer";
+    else if constexpr (std::is_floating_point_v<T>) return "a number";
+    else if constexpr (std::is_same_v<T, std::string>) return "a string";
+    else return "a list";
+  }
+  const nlohmann::json& j_;
+  std::string where_;
+  std::set<std::string> used_;
+};
+
+}  // namespace
+
+bool RunConfig::uses_moe() const {
+  return method == "emoe" || method == "emoe+lora" || method == "emoe-learn" || method == "gmoe" ||
+         method == "moefication" || ablation == "train-dense-eval-moe";
+}
+
+PeftMethod RunConfig::peft_method() const {
+  if (method == "lora" || method == "emoe+lora") return PeftMethod::kLora;
+  if (method == "ia3") return PeftMethod::kIa3;
+  if (method == "mov") return PeftMethod::kMov;
+  if (method == "molora") return PeftMethod::kMolora;
+  return PeftMethod::kNone;
+}
+
+nlohmann::json RunConfig::to_json() const {
+  const auto& t = train;
+  nlohmann::json tj = {{"lr", t.lr}, {"head_lr", t.head_lr}, {"router_lr", t.router_lr},
+                       {"weight_decay", t.weight_decay}, {"adam_beta1", t.adam_beta1},
+                       {"adam_beta2", t.adam_beta2}, {"adam_eps", t.adam_eps},
+                       {"batch_size", t.batch_size}, {"eval_batch_size", t.eval_batch_size},
+                       {"grad_accum", t.grad_accum}, {"grad_clip", t.grad_clip},
+                       {"epochs", t.epochs}, {"max_steps", t.max_steps}, {"schedule", t.schedule},
+                       {"warmup_ratio", t.warmup_ratio}, {"warmup_steps", t.warmup_steps},
+                       {"max_length", t.max_length}, {"seed", t.seed},
+                       {"early_stopping", t.early_stopping},
+                       {"max_train_examples", t.max_train_examples},
+                       {"max_eval_examples", t.max_eval_examples}, {"log_every", t.log_every},
+                       {"save_every", t.save_every}, {"stop_after_steps", t.stop_after_steps}};
+  nlohmann::json pj = {{"targets", peft.targets}, {"feedforward_targets", peft.feedforward_targets},
+                       {"r", peft.r}, {"alpha", peft.alpha}, {"dropout", peft.dropout},
+                       {"experts", peft.experts}, {"topk", peft.topk},
+                       {"balance_weight", peft.balance_weight}};
+  auto mj = moe.to_json();
+  return {{"model", model}, {"objective", objective}, {"task", task}, {"data_dir", data_dir},
+          {"ood", ood}, {"method", method}, {"moe", mj}, {"peft", pj}, {"train", tj},
+          {"ablation", ablation}, {"instruct_data", instruct_data},
+          {"instruct_dev_fraction", instruct_dev_fraction}, {"mmlu_dir", mmlu_dir},
+          {"mmlu_shots", mmlu_shots}, {"mmlu_max_questions", mmlu_max_questions},
+          {"output", output}, {"save_best", save_best}, {"export_dense", export_dense},
+          {"device", device}, {"dtype", dtype}, {"threads", threads}};
+}
+
+RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where) {
+  RunConfig c;
+  Reader r(j, where);
+  r.get("model", c.model);
+  r.get("objective", c.objective);
+  r.get("task", c.task);
+  r.get("data_dir", c.data_dir);
+  if (auto* o = r.sub("ood")) {
+    if (o->is_string()) c.ood = {o->get<std::string>()};
+    else {
+      try {
+        c.ood = o->get<std::vector<std::string>>();
+      } catch (const nlohmann::json::exception&) {
+        EMOE_THROW(InputError, "{}.ood: expected a list of set names, got {}", where, o->dump());
+      }
+    }
+  }
+  r.get("method", c.method);
+  r.get("ablation", c.ablation);
+  r.get("instruct_data", c.instruct_data);
+  r.get("instruct_dev_fraction", c.instruct_dev_fraction);
+  r.get("mmlu_dir", c.mmlu_dir);
+  r.get("mmlu_shots", c.mmlu_shots);
+  r.get("mmlu_max_questions", c.mmlu_max_questions);
+  r.get("output", c.output);
+  r.get("save_best", c.save_best);
+  r.get("export_dense", c.export_dense);
+  r.get("device", c.device);
+  r.get("dtype", c.dtype);
+  r.get("threads", c.threads);
+
+  // MoE: defaults of the method, then the keys given (moe.json's field names)
+  MoeMethod mm = MoeMethod::kEmoe;
+  if (c.method == "emoe-learn") mm = MoeMethod::kEmoeLearn;
+  else if (c.method == "gmoe") mm = MoeMethod::kGmoe;
+  else if (c.method == "moefication") mm = MoeMethod::kMoefication;
+  c.moe = MoeConfig::for_method(mm);
+  c.moe.layers.clear();
+  if (auto* m = r.sub("moe")) {
+    EMOE_CHECK(m->is_object(), InputError, "{}.moe: expected a mapping", where);
+    nlohmann::json merged = c.moe.to_json();
+    static const std::set<std::string> known = [] {
+      std::set<std::string> k;
+      const nlohmann::json defaults = MoeConfig().to_json();
+      for (auto it = defaults.begin(); it != defaults.end(); ++it) k.insert(it.key());
+      k.insert("kmeans");
+      return k;
+    }();
+    for (auto it = m->begin(); it != m->end(); ++it) {
+      EMOE_CHECK(known.count(it.key()), InputError, "{}.moe: unknown key '{}' (known: {})", where,
+                 it.key(), fmt::join(known, ", "));
+      EMOE_CHECK(it.key() != "method" || it.value() == to_string(mm), InputError,
+                 "{}.moe.method: the MoE method follows `method:` ({} -> {}), got {}", where,
+                 c.method, to_string(mm), it.value().dump());
+      merged[it.key()] = it.value();
+    }
+    if (m->contains("tutel") && (*m)["tutel"].is_boolean() && (*m)["tutel"].get<bool>()) {
+      MoeConfig tmp = MoeConfig::from_json(JsonFields(merged, where + ".moe"));
+      tmp.enable_tutel_parity();
+      nlohmann::json t = tmp.to_json();
+      for (auto& k : {"gate_noise", "softmax_before_topk", "capacity_factor", "batch_prioritized",
+                      "balance_loss", "balance_weight", "preact_dropout"})
+        if (!m->contains(k)) merged[k] = t[k];
+    }
+    c.moe = MoeConfig::from_json(JsonFields(merged, where + ".moe"));
+  }
+  c.peft = PeftConfig::for_method(c.peft_method(), "");
+  if (auto* p = r.sub("peft")) {
+    Reader pr(*p, where + ".peft");
+    pr.get("targets", c.peft.targets);
+    pr.get("feedforward_targets", c.peft.feedforward_targets);
+    pr.get("r", c.peft.r);
+    pr.get("alpha", c.peft.alpha);
+    pr.get("dropout", c.peft.dropout);
+    pr.get("experts", c.peft.experts);
+    pr.get("topk", c.peft.topk);
+    pr.get("balance_weight", c.peft.balance_weight);
+    pr.finish();
+  }
+  c.peft.method = c.peft_method();
+  if (auto* t = r.sub("train")) {
+    Reader tr(*t, where + ".train");
+    auto& o = c.train;
+    tr.get("lr", o.lr);
+    tr.get("head_lr", o.head_lr);
+    tr.get("router_lr", o.router_lr);
+    tr.get("weight_decay", o.weight_decay);
+    tr.get("adam_beta1", o.adam_beta1);
+    tr.get("adam_beta2", o.adam_beta2);
+    tr.get("adam_eps", o.adam_eps);
+    tr.get("batch_size", o.batch_size);
+    tr.get("eval_batch_size", o.eval_batch_size);
+    tr.get("grad_accum", o.grad_accum);
+    tr.get("grad_clip", o.grad_clip);
+    tr.get("epochs", o.epochs);
+    tr.get("max_steps", o.max_steps);
+    tr.get("schedule", o.schedule);
+    tr.get("warmup_ratio", o.warmup_ratio);
+    tr.get("warmup_steps", o.warmup_steps);
+    tr.get("max_length", o.max_length);
+    tr.get("seed", o.seed);
+    tr.get("early_stopping", o.early_stopping);
+    tr.get("max_train_examples", o.max_train_examples);
+    tr.get("max_eval_examples", o.max_eval_examples);
+    tr.get("log_every", o.log_every);
+    tr.get("save_every", o.save_every);
+    tr.get("stop_after_steps", o.stop_after_steps);
+    tr.finish();
+  }
+  r.finish();
+  return c;
+}
+
+void RunConfig::validate() const {
+  auto bad = [](const std::string& key, const std::string& what) {
+    EMOE_THROW(InputError, "run config: {}: {}", key, what);
+  };
+  if (model.empty()) bad("model", "required (a Hugging Face model folder)");
+  static const std::set<std::string> methods = {"full", "lora", "ia3", "mov", "molora", "emoe",
+                                                "emoe+lora", "emoe-learn", "gmoe", "moefication"};
+  if (!methods.count(method))
+    bad("method", fmt::format("expected one of {}, got '{}'", fmt::join(methods, ", "), method));
+  if (objective != "classification" && objective != "instruction")
+    bad("objective", fmt::format("expected classification or instruction, got '{}'", objective));
+  if (objective == "classification" && task.empty()) bad("task", "required for classification");
+  if (objective == "instruction" && instruct_data.empty())
+    bad("instruct_data", "required for instruction tuning (an Alpaca JSON file)");
+  if (ablation != "none" && ablation != "train-dense-eval-moe" && ablation != "train-moe-eval-dense")
+    bad("ablation", fmt::format("expected none, train-dense-eval-moe or train-moe-eval-dense, got '{}'", ablation));
+  if (ablation == "train-moe-eval-dense" && !(method == "emoe" || method == "emoe+lora" || method == "emoe-learn"))
+    bad("ablation", "train-moe-eval-dense needs an EMoE method (emoe, emoe+lora, emoe-learn)");
+  const auto& t = train;
+  if (t.lr <= 0) bad("train.lr", fmt::format("expected > 0, got {}", t.lr));
+  if (t.batch_size < 1) bad("train.batch_size", fmt::format("expected >= 1, got {}", t.batch_size));
+  if (t.eval_batch_size < 1) bad("train.eval_batch_size", "expected >= 1");
+  if (t.grad_accum < 1) bad("train.grad_accum", fmt::format("expected >= 1, got {}", t.grad_accum));
+  if (t.epochs < 1 && t.max_steps < 1) bad("train.epochs", "expected >= 1 (or train.max_steps)");
+  if (t.schedule != "linear" && t.schedule != "cosine" && t.schedule != "constant")
+    bad("train.schedule", fmt::format("expected linear, cosine or constant, got '{}'", t.schedule));
+  if (t.warmup_ratio < 0 || t.warmup_ratio >= 1) bad("train.warmup_ratio", "expected [0, 1)");
+  if (t.max_length < 8) bad("train.max_length", fmt::format("expected >= 8, got {}", t.max_length));
+  if (t.grad_clip < 0) bad("train.grad_clip", "expected >= 0");
+  if (peft.r < 1) bad("peft.r", "expected >= 1");
+  if (peft.experts < 1) bad("peft.experts", "expected >= 1");
+  if (peft.dropout < 0 || peft.dropout >= 1) bad("peft.dropout", "expected [0, 1)");
+  if (output.empty()) bad("output", "required");
+}
+
+void apply_overrides(nlohmann::json& j, const std::vector<std::string>& overrides) {
+  for (const auto& o : overrides) {
+    auto eq = o.find('=');
+    EMOE_CHECK(eq != std::string::npos && eq > 0, UsageError,
+               "--set {}: expected key=value (e.g. train.lr=3e-5)", o);
+    std::string key = o.substr(0, eq), value = o.substr(eq + 1);
+    nlohmann::json parsed;
+    try {
+      parsed = yaml_to_json(YAML::Load(value));
+    } catch (const YAML::Exception& e) {
+      EMOE_THROW(UsageError, "--set {}: value is not valid YAML: {}", o, e.what());
+    }
+    nlohmann::json* node = &j;
+    size_t start = 0;
+    while (true) {
+      auto dot = key.find('.', start);
+      std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      EMOE_CHECK(!part.empty(), UsageError, "--set {}: empty key part", o);
+      if (dot == std::string::npos) {
+        (*node)[part] = parsed;
+        break;
+      }
+      if (!node->contains(part) || !(*node)[part].is_object()) (*node)[part] = nlohmann::json::object();
+      node = &(*node)[part];
+      start = dot + 1;
+    }
+  }
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  nlohmann::json j = nlohmann::json::object();
+  std::string where = "run config";
+  if (!path.empty()) {
+    EMOE_CHECK(std::filesystem::exists(path), InputError, "{}: no such config file", path);
+    try {
+      j = yaml_to_json(YAML::LoadFile(path));
+    } catch (const YAML::Exception& e) {
+      EMOE_THROW(InputError, "{}: not valid YAML: {}", path, e.what());
+    }
+    if (j.is_null()) j = nlohmann::json::object();
+    where = path;
+  }
+  apply_overrides(j, overrides);
+  RunConfig c = RunConfig::from_json(j, where);
+  c.validate();
+  return c;
+}
+
+}  // namespace emoe

@@ -1,0 +1,80 @@
+// The run configuration of `emoe train`: typed, layered (defaults < YAML file < --set flags),
+// validated in one place, and written back resolved next to every output.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "emoe/moe/moe_config.h"
+#include "emoe/peft/peft.h"
+
+namespace emoe {
+
+struct TrainOptions {
+  double lr = 5e-5;
+  double head_lr = 0;    // 0: same as lr (classifier / pooler / score)
+  double router_lr = 0;  // 0: same as lr (MoE gates, MoV/MoLoRA routers)
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  int64_t batch_size = 32;
+  int64_t eval_batch_size = 64;
+  int64_t grad_accum = 1;
+  double grad_clip = 1.0;  // 0 = off
+  int64_t epochs = 3;
+  int64_t max_steps = 0;   // optimiser steps; 0 = epochs decide
+  std::string schedule = "linear";  // linear | cosine | constant
+  double warmup_ratio = 0.0;
+  int64_t warmup_steps = 0;  // overrides warmup_ratio when > 0
+  int64_t max_length = 128;
+  uint64_t seed = 0;
+  int64_t early_stopping = 0;  // stop after this many evaluations without improvement; 0 = off
+  int64_t max_train_examples = 0;  // 0 = all
+  int64_t max_eval_examples = 0;   // 0 = all (applies to dev and out-of-domain sets)
+  int64_t log_every = 20;          // optimiser steps between log lines
+  int64_t save_every = 0;          // checkpoint every N steps (0: at each epoch end)
+  int64_t stop_after_steps = 0;    // checkpoint and exit after N steps (tests of --resume)
+};
+
+struct RunConfig {
+  std::string model;             // Hugging Face model folder
+  std::string objective = "classification";  // classification | instruction
+  std::string task;              // GLUE task name (classification)
+  std::string data_dir = "../shared/data";
+  std::vector<std::string> ood;  // out-of-domain set names, or ["all"]
+  // full | lora | ia3 | mov | molora | emoe | emoe+lora | emoe-learn | gmoe | moefication
+  std::string method = "full";
+  MoeConfig moe = MoeConfig::for_method(MoeMethod::kEmoe);
+  PeftConfig peft;
+  TrainOptions train;
+  // none | train-dense-eval-moe (e.g. LoRA -> EMoE) | train-moe-eval-dense (EMoE -> dense)
+  std::string ablation = "none";
+  // Instruction tuning: Alpaca JSON, held-out share for the dev loss, MMLU folder and shots.
+  std::string instruct_data;
+  double instruct_dev_fraction = 0.02;
+  std::string mmlu_dir;
+  int64_t mmlu_shots = 0;
+  int64_t mmlu_max_questions = 0;
+  std::string output = "runs/run";
+  bool save_best = true;       // write the best model as a Hugging Face folder
+  bool export_dense = true;    // ... recomposed to the dense architecture when possible
+  std::string device = "cpu";
+  std::string dtype = "float32";
+  int threads = 0;
+
+  bool uses_moe() const;  // the method converts FFN layers
+  PeftMethod peft_method() const;
+
+  nlohmann::json to_json() const;
+  // Reads JSON produced by to_json() or written by hand; unknown keys are errors.
+  static RunConfig from_json(const nlohmann::json& j, const std::string& where);
+  void validate() const;
+};
+
+// YAML (or JSON) file -> config, with `key=value` overrides applied on top ("train.lr=3e-5",
+// "moe.layers=[2,3]", "method=lora"). Errors name the file and the key.
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Applies overrides to a JSON config (dotted keys; values parsed as YAML scalars/lists).
+void apply_overrides(nlohmann::json& j, const std::vector<std::string>& overrides);
+
+}  // namespace emoe

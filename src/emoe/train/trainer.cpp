@@ -1,0 +1,421 @@
+// The training loop and the run folder.
+#include "emoe/train/trainer.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "emoe/core/error.h"
+#include "emoe/core/runtime.h"
+#include "emoe/data/batching.h"
+#include "emoe/data/dataset.h"
+#include "emoe/eval/evaluate.h"
+#include "emoe/io/atomic_file.h"
+#include "emoe/io/safetensors.h"
+#include "emoe/train/checkpoint.h"
+#include "emoe/train/model_io.h"
+#include "emoe/train/optim.h"
+#include "emoe/train/progress.h"
+
+namespace emoe {
+namespace fs = std::filesystem;
+
+namespace {
+
+struct EvalSet {
+  std::string name;  // "dev" or the out-of-domain set's name
+  std::vector<EncodedExample> data;
+  std::vector<int64_t> prediction_labels;  // see evaluate_classifier
+};
+
+// Everything one run works with.
+struct TrainContext {
+  RunConfig cfg;
+  std::string dir;
+  c10::Device device = c10::Device(c10::kCPU);
+  std::unique_ptr<Tokenizer> tok;
+  int64_t pad_id = 0;
+  TaskSpec task;
+  std::vector<EncodedExample> train;
+  std::vector<EvalSet> evals;  // dev first
+  std::vector<MultipleChoiceExample> mmlu, mmlu_dev;
+  ModelPtr model;
+  MoeState moe;
+  PeftConfig peft;
+};
+
+// A fixed subset (seed independent of the run seed, so every run of a sweep sees the same data).
+template <typename T>
+void take_subset(std::vector<T>& v, int64_t n) {
+  if (n <= 0 || static_cast<int64_t>(v.size()) <= n) return;
+  auto order = epoch_order(static_cast<int64_t>(v.size()), 20240601ull, 0, true);
+  std::vector<T> out;
+  out.reserve(n);
+  for (int64_t i = 0; i < n; ++i) out.push_back(v[order[i]]);
+  v = std::move(out);
+}
+
+void setup_data(TrainContext& c) {
+  const auto& cfg = c.cfg;
+  const int64_t max_len = cfg.train.max_length;
+  if (cfg.objective == "classification") {
+    c.task = glue_task(cfg.task);
+    auto train = load_glue(cfg.task, "train", cfg.data_dir);
+    take_subset(train.examples, cfg.train.max_train_examples);
+    c.train = encode_dataset(train, *c.tok, max_len);
+    auto dev = load_glue(cfg.task, "dev", cfg.data_dir);
+    take_subset(dev.examples, cfg.train.max_eval_examples);
+    c.evals.push_back({"dev", encode_dataset(dev, *c.tok, max_len), dev.prediction_labels});
+    std::vector<std::string> ood = cfg.ood;
+    if (ood.size() == 1 && ood[0] == "all") ood = ood_set_names(cfg.task);
+    for (const auto& name : ood) {
+      auto d = load_ood(cfg.task, name, cfg.data_dir);
+      take_subset(d.examples, cfg.train.max_eval_examples);
+      c.evals.push_back({name, encode_dataset(d, *c.tok, max_len), d.prediction_labels});
+    }
+    spdlog::info("task {}: {} training examples, dev {}, out-of-domain: {}", cfg.task,
+                 c.train.size(), c.evals[0].data.size(),
+                 ood.empty() ? std::string("none") : fmt::format("{}", fmt::join(ood, ", ")));
+  } else {
+    auto all = load_alpaca(cfg.instruct_data);
+    take_subset(all, cfg.train.max_train_examples);
+    const auto n_dev = static_cast<size_t>(
+        std::max<double>(1.0, cfg.instruct_dev_fraction * static_cast<double>(all.size())));
+    EMOE_CHECK(all.size() > n_dev, InputError, "{}: too few examples ({}) for a dev split",
+               cfg.instruct_data, all.size());
+    std::vector<InstructionExample> dev(all.end() - n_dev, all.end());
+    all.resize(all.size() - n_dev);
+    // An example whose response max_length cut away entirely teaches nothing: drop it.
+    auto with_targets = [&](std::vector<EncodedExample> v, const char* what) {
+      const size_t before = v.size();
+      v.erase(std::remove_if(v.begin(), v.end(), [](const EncodedExample& e) {
+                return std::all_of(e.lm_labels.begin() + (e.lm_labels.empty() ? 0 : 1), e.lm_labels.end(),
+                                   [](int64_t l) { return l == -100; });
+              }),
+              v.end());
+      if (v.size() < before)
+        spdlog::info("{}: dropped {} of {} examples whose response does not fit in max_length {}",
+                     what, before - v.size(), before, max_len);
+      return v;
+    };
+    c.train = with_targets(encode_instructions(all, *c.tok, max_len), "train");
+    c.evals.push_back({"dev", with_targets(encode_instructions(dev, *c.tok, max_len), "dev"), {}});
+    if (!cfg.mmlu_dir.empty()) {
+      c.mmlu = load_mmlu_split((fs::path(cfg.mmlu_dir) / "val").string());
+      take_subset(c.mmlu, cfg.mmlu_max_questions);
+      if (cfg.mmlu_shots > 0) c.mmlu_dev = load_mmlu_split((fs::path(cfg.mmlu_dir) / "dev").string());
+    }
+    spdlog::info("instruction tuning: {} training examples, {} dev, {} MMLU questions ({}-shot)",
+                 c.train.size(), dev.size(), c.mmlu.size(), cfg.mmlu_shots);
+  }
+  EMOE_CHECK(!c.train.empty(), InputError, "no training examples");
+}
+
+// First training batches: sample text for the co-activation split and MoEfication's router.
+std::vector<ModelInputs> sample_batches(const TrainContext& c) {
+  std::vector<ModelInputs> out;
+  int64_t tokens = 0;
+  const bool lm = c.cfg.objective == "instruction";
+  for (size_t b = 0; b < c.train.size() && tokens < c.cfg.moe.sample_tokens; b += 16) {
+    std::vector<const EncodedExample*> ex;
+    for (size_t i = b; i < std::min(c.train.size(), b + 16); ++i) ex.push_back(&c.train[i]);
+    auto batch = collate(ex, c.pad_id, c.task.regression, lm);
+    ModelInputs in;
+    in.input_ids = batch.input_ids;
+    in.attention_mask = batch.attention_mask;
+    in.token_type_ids = batch.token_type_ids;
+    tokens += batch.attention_mask.sum().item<int64_t>();
+    out.push_back(in);
+  }
+  return out;
+}
+
+void setup_model(TrainContext& c) {
+  const auto& cfg = c.cfg;
+  LoadOptions lo;
+  lo.dtype = parse_dtype(cfg.dtype);
+  if (cfg.objective == "classification") {
+    lo.head = Head::kSequenceClassification;
+    lo.num_labels = c.task.num_labels();
+  } else {
+    lo.head = Head::kCausalLM;
+  }
+  lo.allow_new_head = true;
+  MoeState start_moe;
+  PeftConfig start_peft;
+  c.model = load_any_model(cfg.model, lo, &start_moe, &start_peft);
+  EMOE_CHECK(start_peft.method == PeftMethod::kNone, UsageError,
+             "{}: has adapters (peft.json); export it first (emoe export --dense)", cfg.model);
+  c.moe = start_moe;
+  if (cfg.uses_moe()) {
+    EMOE_CHECK(start_moe.empty(), UsageError,
+               "{}: is already converted ({}); use method full to fine-tune it as it is", cfg.model,
+               to_string(start_moe.config.method));
+    c.moe = convert_to_moe(*c.model, cfg.moe, sample_batches(c));
+    c.moe.source = cfg.model;
+  }
+  c.peft = cfg.peft;
+  if (c.peft.method != PeftMethod::kNone) {
+    c.peft.seed = cfg.train.seed;
+    apply_peft(*c.model, c.peft);
+    select_trainable(*c.model, c.peft);
+  }
+  c.model->to(c.device, parse_dtype(cfg.dtype));
+  c.model->train();
+  auto counts = count_parameters(*c.model);
+  spdlog::info("{} on {}: {} parameters, {} trainable ({:.2f} %)", cfg.method, c.model->summary().model_type,
+               counts.total, counts.trainable, 100.0 * counts.trainable / std::max<int64_t>(1, counts.total));
+}
+
+// Ablations of SPEC §3.4: the MoE plugs compute the dense FFN in one phase.
+void set_phase(TrainContext& c, bool evaluating) {
+  bool dense = false;
+  if (c.cfg.ablation == "train-dense-eval-moe") dense = !evaluating;
+  if (c.cfg.ablation == "train-moe-eval-dense") dense = evaluating;
+  for (auto* p : moe_plugs(*c.model)) p->set_dense_override(dense);
+}
+
+ModelInputs to_inputs(const Batch& b, const c10::Device& dev) {
+  ModelInputs in;
+  in.input_ids = b.input_ids.to(dev);
+  in.attention_mask = b.attention_mask.to(dev);
+  in.token_type_ids = b.token_type_ids.defined() ? b.token_type_ids.to(dev) : torch::Tensor();
+  in.labels = b.labels.to(dev);
+  return in;
+}
+
+// dev + out-of-domain (+ MMLU) results of the current model, as one JSON record.
+nlohmann::json evaluate_all(TrainContext& c) {
+  set_phase(c, true);
+  nlohmann::json sets = nlohmann::json::object();
+  for (const auto& s : c.evals) {
+    EvalOutput o = c.cfg.objective == "classification"
+                       ? evaluate_classifier(*c.model, s.data, c.task, c.cfg.train.eval_batch_size, c.pad_id,
+                                             s.prediction_labels)
+                       : evaluate_lm_loss(*c.model, s.data, c.cfg.train.eval_batch_size, c.pad_id);
+    sets[s.name] = {{"metrics", o.metrics}, {"loss", o.loss}, {"examples", o.examples},
+                    {"seconds", o.seconds}};
+  }
+  if (!c.mmlu.empty()) {
+    auto r = evaluate_mmlu(*c.model, *c.tok, c.mmlu, c.mmlu_dev, c.cfg.mmlu_shots,
+                           std::min<int64_t>(c.cfg.train.max_length, c.model->summary().max_positions));
+    sets["mmlu"] = {{"metrics", {{"accuracy", r.accuracy}}}, {"examples", r.questions},
+                    {"per_subject", r.per_subject}};
+  }
+  set_phase(c, false);
+  return sets;
+}
+
+// The number that picks the best epoch: the task's main metric, or -loss for instruction tuning.
+double main_score(const TrainContext& c, const nlohmann::json& sets) {
+  if (c.cfg.objective == "classification")
+    return sets["dev"]["metrics"][c.task.main_metric].get<double>();
+  return -sets["dev"]["loss"].get<double>();
+}
+
+void append_metrics(const std::string& path, const nlohmann::json& record) {
+  std::ofstream out(path, std::ios::app);
+  out << record.dump() << "\n";
+  EMOE_CHECK(out.good(), RuntimeError, "{}: write failed", path);
+}
+
+// The best model as the run's deliverables: model/ (folded to dense when possible) and adapter/.
+void export_model(TrainContext& c) {
+  const auto model_dir = (fs::path(c.dir) / "model").string();
+  const auto adapter_dir = (fs::path(c.dir) / "adapter").string();
+  MoeState moe = c.moe;
+  PeftConfig peft = c.peft;
+  if (peft.method == PeftMethod::kLora || peft.method == PeftMethod::kIa3)
+    save_peft_adapter(*c.model, peft, adapter_dir, fs::absolute(c.cfg.model).string());
+  if (c.cfg.export_dense) {
+    if (peft.method == PeftMethod::kLora) {
+      merge_lora(*c.model);
+      peft = PeftConfig();
+    }
+    if (!moe.empty() && moe.config.method != MoeMethod::kGmoe) recompose_dense(*c.model, moe);
+  }
+  save_any_model(*c.model, moe, peft, model_dir, c.cfg.model);
+  spdlog::info("best model written to {}{}", model_dir,
+               moe.empty() && peft.method == PeftMethod::kNone ? " (plain Hugging Face checkpoint)" : "");
+}
+
+}  // namespace
+
+TrainResult run_training(const RunConfig& config, bool resume) {
+  TrainContext c;
+  c.cfg = config;
+  c.cfg.validate();
+  c.dir = c.cfg.output;
+  c.device = parse_device(c.cfg.device);
+  configure_threads(c.cfg.threads);
+  const auto& o = c.cfg.train;
+  std::error_code ec;
+  fs::create_directories(c.dir, ec);
+  EMOE_CHECK(!ec, RuntimeError, "{}: cannot create the run folder: {}", c.dir, ec.message());
+  const bool has_checkpoint = !latest_checkpoint(c.dir).empty();
+  EMOE_CHECK(resume || !has_checkpoint, UsageError,
+             "{}: already holds a run (checkpoints/); pass --resume to continue it or choose "
+             "another output", c.dir);
+  if (resume && fs::exists(fs::path(c.dir) / "config.json")) {
+    auto saved = JsonFields::from_file((fs::path(c.dir) / "config.json").string()).raw();
+    auto now = c.cfg.to_json();
+    saved["train"].erase("stop_after_steps");
+    now["train"].erase("stop_after_steps");
+    EMOE_CHECK(saved == now, UsageError,
+               "{}: --resume needs the run's own config; config.json differs from the one given",
+               c.dir);
+  }
+  write_text_atomic((fs::path(c.dir) / "config.json").string(), c.cfg.to_json().dump(2) + "\n");
+
+  torch::manual_seed(static_cast<uint64_t>(o.seed));
+  c.tok = load_tokenizer(c.cfg.model);
+  setup_data(c);
+  setup_model(c);
+  const auto& s = c.model->summary();
+  c.pad_id = c.tok->special().pad.value_or(s.pad_token_id.value_or(s.eos_token_id.value_or(0)));
+
+  Optimizer opt(*c.model, o);
+  const int64_t n = static_cast<int64_t>(c.train.size());
+  const int64_t batches_per_epoch = (n + o.batch_size - 1) / o.batch_size;
+  const int64_t steps_per_epoch = (batches_per_epoch + o.grad_accum - 1) / o.grad_accum;
+  const int64_t total_steps = o.max_steps > 0 ? o.max_steps : o.epochs * steps_per_epoch;
+  const int64_t epochs = o.max_steps > 0 ? (total_steps + steps_per_epoch - 1) / steps_per_epoch : o.epochs;
+  const int64_t warmup = o.warmup_steps > 0 ? o.warmup_steps
+                                            : static_cast<int64_t>(o.warmup_ratio * static_cast<double>(total_steps));
+
+  const auto metrics_path = (fs::path(c.dir) / "metrics.jsonl").string();
+  TrainState st;
+  if (resume && load_checkpoint(c.dir, *c.model, opt, st)) {
+    spdlog::info("resumed {} at step {} (epoch {}, batch {})", c.dir, st.step, st.epoch + 1, st.batch_in_epoch);
+    if (fs::exists(metrics_path)) fs::resize_file(metrics_path, static_cast<uintmax_t>(st.metrics_bytes));
+  } else {
+    if (resume) spdlog::info("{}: no checkpoint yet; starting from the beginning", c.dir);
+    std::ofstream(metrics_path, std::ios::trunc);
+  }
+  const auto best_path = (fs::path(c.dir) / "best_state.safetensors").string();
+  spdlog::info("{} epochs x {} steps ({} examples, batch {} x {} accumulation), warm-up {}, {} schedule",
+               epochs, steps_per_epoch, n, o.batch_size, o.grad_accum, warmup, o.schedule);
+
+  const bool lm = c.cfg.objective == "instruction";
+  TrainResult result;
+  result.run_dir = c.dir;
+  bool done = st.step >= total_steps;
+  Progress progress(total_steps, "train", o.log_every);
+  double loss_acc = 0;
+  int64_t loss_count = 0, tokens_acc = 0;
+  auto window_start = std::chrono::steady_clock::now();
+  auto checkpoint = [&] {
+    st.metrics_bytes = static_cast<int64_t>(fs::file_size(metrics_path));
+    save_checkpoint(c.dir, *c.model, opt, st);
+  };
+  set_phase(c, false);
+  for (int64_t epoch = st.epoch; epoch < epochs && !done; ++epoch) {
+    st.epoch = epoch;
+    auto order = epoch_order(n, o.seed, epoch, true);
+    auto epoch_start = std::chrono::steady_clock::now();
+    c.model->train();
+    for (int64_t b = st.batch_in_epoch; b < batches_per_epoch && !done; ++b) {
+      std::vector<const EncodedExample*> ex;
+      for (int64_t i = b * o.batch_size; i < std::min(n, (b + 1) * o.batch_size); ++i)
+        ex.push_back(&c.train[order[i]]);
+      auto in = to_inputs(collate(ex, c.pad_id, c.task.regression, lm), c.device);
+      auto out = c.model->forward(in);
+      auto loss = out.loss;
+      if (auto aux = collect_aux_loss(*c.model); aux.defined()) loss = loss + aux;
+      if (auto aux = collect_peft_aux_loss(*c.model); aux.defined()) loss = loss + aux;
+      EMOE_CHECK(std::isfinite(loss.item<double>()), RuntimeError,
+                 "non-finite loss at step {} (epoch {}, batch {}); lower the learning rate",
+                 st.step, epoch + 1, b);
+      (loss / static_cast<double>(o.grad_accum)).backward();
+      loss_acc += out.loss.item<double>();
+      loss_count += 1;
+      tokens_acc += in.attention_mask.sum().item<int64_t>();
+      const bool boundary = (b + 1) % o.grad_accum == 0 || b + 1 == batches_per_epoch;
+      if (!boundary) continue;
+      if (o.grad_clip > 0) torch::nn::utils::clip_grad_norm_(opt.parameters(), o.grad_clip);
+      opt.set_lr_factor(schedule_factor(o.schedule, st.step, total_steps, warmup));
+      const double lr = opt.current_lr();
+      opt.step();
+      opt.zero_grad();
+      st.step += 1;
+      st.batch_in_epoch = b + 1;
+      progress.update(st.step, fmt::format("epoch {}/{} loss {:.4f} lr {:.2e}", epoch + 1, epochs,
+                                           loss_acc / std::max<int64_t>(1, loss_count), lr));
+      if (st.step % o.log_every == 0 || st.step == total_steps) {
+        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
+        append_metrics(metrics_path, {{"type", "train"}, {"step", st.step}, {"epoch", epoch + 1},
+                                      {"loss", loss_acc / std::max<int64_t>(1, loss_count)},
+                                      {"lr", lr}, {"tokens_per_s", tokens_acc / std::max(secs, 1e-9)},
+                                      {"batches_per_s", loss_count / std::max(secs, 1e-9)}});
+        loss_acc = 0, loss_count = 0, tokens_acc = 0;
+        window_start = std::chrono::steady_clock::now();
+      }
+      if (st.step >= total_steps) done = true;
+      if (o.save_every > 0 && st.step % o.save_every == 0 && !done) checkpoint();
+      if (o.stop_after_steps > 0 && st.step == o.stop_after_steps && !done) {
+        progress.finish();
+        checkpoint();
+        spdlog::info("stopped after {} steps as asked; continue with --resume", st.step);
+        result.stopped_early = true;
+        return result;
+      }
+    }
+    st.train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+    progress.finish();
+    // evaluation at the end of every epoch; the best one by the task's main metric is kept
+    auto sets = evaluate_all(c);
+    const double score = main_score(c, sets);
+    nlohmann::json record = {{"type", "eval"}, {"step", st.step}, {"epoch", epoch + 1}, {"sets", sets}};
+    append_metrics(metrics_path, record);
+    st.history.push_back(record);
+    std::vector<std::string> shown;
+    for (auto& [name, v] : sets.items())
+      for (auto& [m, x] : v["metrics"].items()) shown.push_back(fmt::format("{} {} {:.2f}", name, m, x.get<double>()));
+    spdlog::info("epoch {}: {}", epoch + 1, fmt::join(shown, ", "));
+    if (score > st.best_metric) {
+      st.best_metric = score;
+      st.best_epoch = epoch + 1;
+      st.evals_without_gain = 0;
+      std::vector<std::pair<std::string, torch::Tensor>> params;
+      for (const auto& p : c.model->named_parameters()) params.emplace_back(p.key(), p.value());
+      save_safetensors(best_path, params, {{"format", "emoe-best"}, {"epoch", std::to_string(epoch + 1)}});
+    } else {
+      st.evals_without_gain += 1;
+    }
+    st.epoch = epoch + 1;
+    st.batch_in_epoch = 0;
+    if (o.early_stopping > 0 && st.evals_without_gain >= o.early_stopping) {
+      spdlog::info("early stopping: {} evaluations without improvement", st.evals_without_gain);
+      done = true;
+    }
+    checkpoint();
+  }
+
+  // restore the best epoch's weights and write the deliverables
+  if (fs::exists(best_path)) {
+    SafetensorsFile best(best_path);
+    torch::NoGradGuard g;
+    for (const auto& p : c.model->named_parameters())
+      p.value().copy_(best.load(p.key(), p.value().scalar_type(), p.value().device()));
+  }
+  nlohmann::json best_sets;
+  for (const auto& h : st.history)
+    if (h["epoch"].get<int64_t>() == st.best_epoch) best_sets = h["sets"];
+  auto counts = count_parameters(*c.model);
+  nlohmann::json res = {{"model", c.cfg.model}, {"method", c.cfg.method}, {"objective", c.cfg.objective},
+                        {"task", c.cfg.task}, {"seed", o.seed}, {"lr", o.lr}, {"ablation", c.cfg.ablation},
+                        {"best_epoch", st.best_epoch}, {"best", best_sets},
+                        {"main_metric", c.cfg.objective == "classification" ? c.task.main_metric : "dev_loss"},
+                        {"epochs_run", st.epoch}, {"steps", st.step}, {"train_seconds", st.train_seconds},
+                        {"parameters", {{"total", counts.total}, {"trainable", counts.trainable}}},
+                        {"history", st.history}};
+  if (c.cfg.save_best) export_model(c);
+  write_text_atomic((fs::path(c.dir) / "results.json").string(), res.dump(2) + "\n");
+  result.results = res;
+  return result;
+}
+
+}  // namespace emoe
