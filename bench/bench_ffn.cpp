@@ -20,6 +20,7 @@ double time_it(const std::function<void()>& f, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  emoe::ensure_runtime_environment(argc, argv);
   emoe::configure_threads(0);
   emoe::init_logging(0);
   const int64_t d = 768, d_ff = 3072, tokens = argc > 1 ? std::atoll(argv[1]) : 2048;

@@ -9,6 +9,7 @@
 #include "emoe/moe/split.h"
 
 int main(int argc, char** argv) {
+  emoe::ensure_runtime_environment(argc, argv);
   emoe::configure_threads(0);
   emoe::init_logging(std::getenv("EMOE_DEBUG") ? 2 : 1);
   int64_t rows = 11008, dim = 4096, experts = 64;

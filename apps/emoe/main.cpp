@@ -7,8 +7,10 @@
 #include "commands.h"
 #include "emoe/core/error.h"
 #include "emoe/core/logging.h"
+#include "emoe/core/runtime.h"
 
 int main(int argc, char** argv) {
+  emoe::ensure_runtime_environment(argc, argv);
   CLI::App app{"emoe: Mixture-of-Experts fine-tuning for Hugging Face transformers"};
   app.require_subcommand(1);
   app.fallthrough();  // -v/-q work after the subcommand too

@@ -5,13 +5,24 @@
 #include <torch/cuda.h>
 
 #include <malloc.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include "emoe/core/error.h"
 
 namespace emoe {
+
+void ensure_runtime_environment(int argc, char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  std::vector<char*> args(argv, argv + argc);
+  args.push_back(nullptr);
+  ::execv("/proc/self/exe", args.data());
+  // execv failed (no /proc?): carry on with the spinning policy
+}
 
 void tune_allocator() {
   // Training allocates and frees the same large activation buffers every step. glibc returns

@@ -7,6 +7,13 @@
 
 namespace emoe {
 
+// ATen's OpenMP threads and OpenBLAS's own threads share the cores; with libgomp's default
+// (spinning) wait policy they steal each other's time (measured: a training step 1.9x slower,
+// a dispatched MoE FFN 2.7x). libgomp reads OMP_WAIT_POLICY only when it is loaded, before
+// main(), so when it is unset this sets it to PASSIVE and re-executes the program once.
+// Call first thing in main(); returns normally when nothing needed doing.
+void ensure_runtime_environment(int argc, char** argv);
+
 // Keeps freed large blocks in the heap for reuse (no page faults on every training step).
 // Called by configure_threads.
 void tune_allocator();
