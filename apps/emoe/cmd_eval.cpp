@@ -40,8 +40,11 @@ void run_eval(const EvalArgs& a) {
   if (ood.size() == 1 && ood[0] == "all") ood = ood_set_names(a.task);
   for (const auto& name : ood) sets.emplace_back(name, load_ood(a.task, name, a.data_dir));
   nlohmann::json out = nlohmann::json::object();
-  if (!a.json) std::cout << "| set | examples | " << fmt::format("{}", fmt::join(task.metrics, " | ")) << " |\n|---|---|"
-                         << std::string(task.metrics.size() * 4, '-') << "\n";
+  if (!a.json) {
+    std::cout << "| set | examples | " << fmt::format("{}", fmt::join(task.metrics, " | ")) << " |\n|---|---|";
+    for (size_t i = 0; i < task.metrics.size(); ++i) std::cout << "---|";
+    std::cout << "\n";
+  }
   for (auto& [name, d] : sets) {
     if (a.max_examples > 0 && static_cast<int64_t>(d.examples.size()) > a.max_examples)
       d.examples.resize(a.max_examples);

@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "emoe/core/error.h"
+#include "emoe/data/dataset.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/train/trainer.h"
 
@@ -17,7 +18,7 @@ namespace fs = std::filesystem;
 
 struct SweepArgs {
   std::string config, output;
-  std::vector<std::string> grid, sets;
+  std::vector<std::string> grid, sets, method_sets;
   std::string seeds = "0", methods;
 };
 
@@ -84,6 +85,12 @@ void run_sweep(const SweepArgs& a) {
       for (const auto& seed : seeds) {
         auto sets = a.sets;
         sets.push_back("method=" + method);
+        for (const auto& ms : a.method_sets) {
+          auto colon = ms.find(':');
+          EMOE_CHECK(colon != std::string::npos && colon > 0, UsageError,
+                     "--method-set {}: expected METHOD:key=value", ms);
+          if (ms.substr(0, colon) == method) sets.push_back(ms.substr(colon + 1));
+        }
         sets.push_back("train.seed=" + seed);
         for (const auto& kv : points[pi]) sets.push_back(kv);
         std::string out = (fs::path(root) / method / tag / ("seed-" + seed)).string();
@@ -127,13 +134,15 @@ void run_sweep(const SweepArgs& a) {
                                 points[best_pi].empty() ? "default" : fmt::format("{}", fmt::join(points[best_pi], " ")),
                                 fmt::join(cells, " | ")));
   }
-  std::string header = fmt::format("| method | chosen | {} |\n|---|---|{}\n", fmt::join(set_names, " | "),
-                                   std::string(set_names.size() * 4, '-'));
-  std::string md = fmt::format("{} on {} ({}), mean ± std over seeds {} of the best-epoch {}\n\n{}{}\n",
+  std::string seps;
+  for (size_t i = 0; i < set_names.size(); ++i) seps += "---|";
+  std::string header = fmt::format("| method | chosen | {} |\n|---|---|{}\n", fmt::join(set_names, " | "), seps);
+  std::string md = fmt::format("{} on {} ({}), mean ± std over seeds {} at each run's best epoch: {}\n\n{}{}\n",
                                base.model, base.objective == "classification" ? base.task : "instructions",
                                a.methods.empty() ? base.method : a.methods, a.seeds,
-                               base.objective == "classification" ? "score" : "dev loss", header,
-                               fmt::join(table, "\n"));
+                               base.objective == "classification" ? glue_task(base.task).main_metric + " (percent)"
+                                                                  : "dev loss",
+                               header, fmt::join(table, "\n"));
   std::cout << md;
   fs::create_directories(root);
   write_text_atomic((fs::path(root) / "sweep.md").string(), md);
@@ -150,6 +159,8 @@ void register_sweep(CLI::App& app) {
   cmd->add_option("--seeds", a->seeds, "Seeds, e.g. 0,1,2")->capture_default_str();
   cmd->add_option("--methods", a->methods, "Methods, e.g. full,lora,emoe (default: the config's)");
   cmd->add_option("--set", a->sets, "Override a config key for every run (repeatable)");
+  cmd->add_option("--method-set", a->method_sets,
+                  "Override a key for one method, e.g. lora:train.lr=1e-3 (repeatable)");
   cmd->add_option("-o,--output", a->output, "Root folder of the sweep (default: the config's output)");
   cmd->callback([a] { run_sweep(*a); });
 }
