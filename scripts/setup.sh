@@ -18,7 +18,7 @@ PACKAGES=(
   libbenchmark-dev                      # benchmarks
   liblemon-dev                          # exact min-cost flow for balanced k-means
   libmetis-dev                          # balanced graph partitioning (co-activation split)
-  libcairo2-dev                         # PNG figures (usage heatmaps)
+  libcairo2-dev fonts-dejavu-core       # PNG figures (usage heatmaps) and their text
 )
 
 missing=()

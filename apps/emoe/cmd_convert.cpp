@@ -66,8 +66,7 @@ void run_convert(const ConvertArgs& a) {
                                s.intermediate_size);
       continue;
     }
-    auto keys = model->ffn_slots()[l]->ffn_view().w_in.detach();
-    double rnd = random_split(keys, cfg.experts, cfg.seed).inertia;
+    double rnd = r.random_inertia;
     bool uniform = std::all_of(r.cluster_sizes.begin(), r.cluster_sizes.end(),
                                [&](int64_t c) { return c == r.cluster_sizes[0]; });
     std::string sizes = uniform ? fmt::format("{} x {}", cfg.experts, r.cluster_sizes[0])

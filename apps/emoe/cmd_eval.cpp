@@ -46,8 +46,7 @@ void run_eval(const EvalArgs& a) {
     std::cout << "\n";
   }
   for (auto& [name, d] : sets) {
-    if (a.max_examples > 0 && static_cast<int64_t>(d.examples.size()) > a.max_examples)
-      d.examples.resize(a.max_examples);
+    keep_fixed_subset(d.examples, a.max_examples);  // the subset `emoe train` evaluates
     auto enc = encode_dataset(d, *tok, a.max_length);
     auto r = evaluate_classifier(*model, enc, task, a.batch_size, pad, d.prediction_labels);
     out[name] = {{"metrics", r.metrics}, {"loss", r.loss}, {"examples", r.examples}};

@@ -32,5 +32,8 @@ void register_export(CLI::App& app);
 void register_train(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_sweep(CLI::App& app);
+void register_analyze(CLI::App& app);
+void register_prune(CLI::App& app);
+void register_bench(CLI::App& app);
 
 }  // namespace emoe::cli

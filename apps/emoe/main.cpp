@@ -30,6 +30,9 @@ int main(int argc, char** argv) {
   emoe::cli::register_train(app);
   emoe::cli::register_eval(app);
   emoe::cli::register_sweep(app);
+  emoe::cli::register_analyze(app);
+  emoe::cli::register_prune(app);
+  emoe::cli::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

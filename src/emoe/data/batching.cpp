@@ -148,4 +148,10 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool s
   return order;
 }
 
+std::vector<int64_t> fixed_subset(int64_t total, int64_t n) {
+  auto order = epoch_order(total, 20240601ull, 0, true);
+  order.resize(std::min(total, std::max<int64_t>(0, n)));
+  return order;
+}
+
 }  // namespace emoe

@@ -37,6 +37,18 @@ struct Batch {
 Batch collate(const std::vector<const EncodedExample*>& examples, int64_t pad_id, bool regression,
               bool lm);
 
+// The indices of a fixed subset of n of `total` examples (in subset order); the same for every run
+// and tool (train, eval, prune), so that their numbers are computed on the same examples.
+std::vector<int64_t> fixed_subset(int64_t total, int64_t n);
+template <typename T>
+void keep_fixed_subset(std::vector<T>& v, int64_t n) {
+  if (n <= 0 || static_cast<int64_t>(v.size()) <= n) return;
+  std::vector<T> out;
+  out.reserve(n);
+  for (auto i : fixed_subset(static_cast<int64_t>(v.size()), n)) out.push_back(v[i]);
+  v = std::move(out);
+}
+
 // The example order of an epoch: a permutation that depends only on (seed, epoch), so a resumed
 // run sees the same order.
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle = true);

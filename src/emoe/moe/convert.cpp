@@ -147,6 +147,8 @@ MoeState convert_to_moe(PretrainedModelImpl& model, MoeConfig cfg,
       } else {
         r = coactivation_split(acts.hidden[l] > 0, keys, cfg.experts, cfg.seed + l);
       }
+      r.random_inertia = cfg.split == "random" ? r.inertia
+                                               : random_split(keys, cfg.experts, cfg.seed + static_cast<uint64_t>(l)).inertia;
       permute_ffn(slot, r.permutation);
       spdlog::info("layer {}: {} split into {} experts of {} in {:.2f} s, inertia {:.4f}", l,
                    r.method, cfg.experts, s.intermediate_size / cfg.experts, r.seconds, r.inertia);
@@ -183,7 +185,13 @@ void attach_moe(PretrainedModelImpl& model, const MoeState& state) {
     EMOE_CHECK(static_cast<int64_t>(split.permutation.size()) == s.intermediate_size, InputError,
                "moe.json: layer {}: permutation has {} entries, the FFN has {} neurons", l,
                split.permutation.size(), s.intermediate_size);
-    slot.set_plug(make_plug(state.config, slot));
+    auto plug = make_plug(state.config, slot);
+    if (!split.allowed.empty()) {
+      auto mask = torch::zeros({state.config.experts}, torch::kBool);
+      for (auto e : split.allowed) mask[e] = true;
+      plug->set_allowed_experts(mask);
+    }
+    slot.set_plug(plug);
   }
 }
 
@@ -223,9 +231,11 @@ nlohmann::json moe_state_to_json(const MoeState& state) {
                                  {"permutation", r.permutation},
                                  {"cluster_sizes", r.cluster_sizes},
                                  {"inertia", r.inertia},
+                                 {"random_inertia", r.random_inertia},
                                  {"split_seconds", r.seconds},
                                  {"iterations", r.iterations},
-                                 {"restarts", r.restarts}};
+                                 {"restarts", r.restarts},
+                                 {"allowed", r.allowed}};
   return {{"format", "emoe-moe"}, {"version", 1}, {"emoe_version", EMOE_VERSION},
           {"source", state.source}, {"config", state.config.to_json()}, {"layers", layers}};
 }
@@ -256,9 +266,14 @@ MoeState moe_state_from_json(const JsonFields& j) {
     r.permutation = lj.get_int_list("permutation");
     r.cluster_sizes = lj.get_int_list("cluster_sizes");
     r.inertia = lj.get_double("inertia", 0.0);
+    r.random_inertia = lj.get_double("random_inertia", 0.0);
     r.seconds = lj.get_double("split_seconds", 0.0);
     r.iterations = lj.get_int("iterations", 0);
     r.restarts = lj.get_int("restarts", 0);
+    r.allowed = lj.get_int_list("allowed");
+    for (auto e : r.allowed)
+      EMOE_CHECK(e >= 0 && e < st.config.experts, InputError, "{}: layers.{}.allowed: expert {} out of range",
+                 j.file(), it.key(), e);
     std::vector<bool> seen(r.permutation.size(), false);
     for (auto p : r.permutation) {
       EMOE_CHECK(p >= 0 && p < static_cast<int64_t>(seen.size()) && !seen[p], InputError,

@@ -32,10 +32,20 @@ torch::Tensor RoutedFfnImpl::run(const torch::Tensor& x, const torch::Tensor& to
   }
   auto xr = idx.defined() ? flat.index_select(0, idx) : flat;
   auto logits = gate_->logits(xr, slot);
-  if (allowed_.defined())
+  const MoeConfig* cfg = &cfg_;
+  MoeConfig pruned;
+  if (allowed_.defined()) {
     logits = logits.masked_fill(allowed_.to(logits.device()).logical_not().unsqueeze(0),
                                 -std::numeric_limits<float>::infinity());
-  auto r = route_tokens(logits, cfg_, is_training());
+    // with fewer experts left than k, every remaining expert is selected
+    const int64_t left = allowed_.sum().item<int64_t>();
+    if (left < cfg_.topk) {
+      pruned = cfg_;
+      pruned.topk = std::max<int64_t>(1, left);
+      cfg = &pruned;
+    }
+  }
+  auto r = route_tokens(logits, *cfg, is_training());
   aux_loss_ = r.aux_loss;
   {
     torch::NoGradGuard g;

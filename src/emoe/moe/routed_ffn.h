@@ -30,7 +30,8 @@ class RoutedFfnImpl : public FfnPlug {
   torch::Tensor take_usage(bool training);
   // Compute the dense FFN instead of routing (the "MoE -> dense at test time" ablation).
   void set_dense_override(bool on) { dense_override_ = on; }
-  // Only these experts may be selected ([E] bool; undefined = all): expert pruning.
+  // Only these experts may be selected ([E] bool; undefined = all): expert pruning. With fewer
+  // allowed experts than k, each token uses all of them.
   void set_allowed_experts(const torch::Tensor& allowed) { allowed_ = allowed; }
   const torch::Tensor& allowed_experts() const { return allowed_; }
 

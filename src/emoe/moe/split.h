@@ -15,9 +15,11 @@ struct SplitResult {
   std::vector<int64_t> permutation;
   std::vector<int64_t> cluster_sizes;
   double inertia = 0;  // sum of squared distances of the L2-normalised keys to their expert's mean
+  double random_inertia = 0;  // the same for a random split (the reference it should beat)
   double seconds = 0;
   int64_t iterations = 0;  // balanced k-means: iterations of the best restart
   int64_t restarts = 0;
+  std::vector<int64_t> allowed;  // experts left after pruning (empty: all)
 };
 
 struct KMeansOptions {

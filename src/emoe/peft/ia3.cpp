@@ -78,17 +78,19 @@ MovAdapter::MovAdapter(const LinearImpl& base, bool feedforward, std::vector<Sca
   }
 }
 
-torch::Tensor MovAdapter::mix(const torch::Tensor& a, size_t i) const {
+torch::Tensor MovAdapter::mix(const torch::Tensor& a, size_t i, bool training) {
   auto af = a.to(torch::kFloat);
   auto p = torch::softmax(torch::matmul(af, routers[i].to(torch::kFloat)), -1);
+  mass.add(p, training);
   auto scale = torch::matmul(p, vectors[i].to(torch::kFloat));
   return (af * scale).to(a.scalar_type());
 }
 
 torch::Tensor MovAdapter::adapt(const torch::Tensor& x, LinearImpl& base) {
-  if (feedforward_) return base.base_forward(mix(x, 0));
+  const bool training = base.is_training();  // the adapter is not itself a child of the model
+  if (feedforward_) return base.base_forward(mix(x, 0, training));
   return scale_output_ranges(base.base_forward(x), ranges_,
-                             [&](const torch::Tensor& a, size_t i) { return mix(a, i); });
+                             [&](const torch::Tensor& a, size_t i) { return mix(a, i, training); });
 }
 
 }  // namespace emoe

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "emoe/models/linear.h"
+#include "emoe/peft/router_mass.h"
 
 namespace emoe {
 
@@ -65,9 +66,10 @@ class MovAdapter : public LinearAdapter {
 
   std::vector<torch::Tensor> routers;  // per range [dim, E]
   std::vector<torch::Tensor> vectors;  // per range [E, dim]
+  RouterMass mass;                     // router probability mass over all ranges
 
  private:
-  torch::Tensor mix(const torch::Tensor& a, size_t i) const;
+  torch::Tensor mix(const torch::Tensor& a, size_t i, bool training);
   bool feedforward_;
   std::vector<ScaledRange> ranges_;
   int64_t experts_;

@@ -39,6 +39,7 @@ torch::Tensor MoloraAdapter::adapt(const torch::Tensor& x, LinearImpl& base) {
       aux_loss_ = switch_loss(p.reshape({-1, e}), idx.reshape({-1, options_.topk})) *
                   options_.balance_weight;
   }
+  mass.add(w, training);
   auto h = options_.dropout > 0 && training ? torch::dropout(x, options_.dropout, true) : x;
   auto ranks = torch::linear(h, molora_A);  // [.., E·r]
   ranks = ranks * w.repeat_interleave(options_.r, -1).to(ranks.scalar_type());

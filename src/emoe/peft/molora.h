@@ -3,6 +3,7 @@
 #include <ATen/core/Generator.h>
 
 #include "emoe/models/linear.h"
+#include "emoe/peft/router_mass.h"
 
 namespace emoe {
 
@@ -32,6 +33,7 @@ class MoloraAdapter : public LinearAdapter {
   const torch::Tensor& aux_loss() const { return aux_loss_; }
 
   torch::Tensor molora_A, molora_B, molora_router;
+  RouterMass mass;  // router probability mass (after top-k masking)
 
  private:
   MoloraOptions options_;

@@ -19,7 +19,8 @@ nlohmann::json TrainState::to_json() const {
   return {{"step", step}, {"epoch", epoch}, {"batch_in_epoch", batch_in_epoch},
           {"best_metric", std::isfinite(best_metric) ? nlohmann::json(best_metric) : nlohmann::json()},
           {"best_epoch", best_epoch}, {"evals_without_gain", evals_without_gain},
-          {"metrics_bytes", metrics_bytes}, {"train_seconds", train_seconds}, {"history", history}};
+          {"metrics_bytes", metrics_bytes}, {"train_seconds", train_seconds}, {"history", history},
+          {"usage", usage}};
 }
 
 TrainState TrainState::from_json(const nlohmann::json& j, const std::string& where) {
@@ -34,6 +35,7 @@ TrainState TrainState::from_json(const nlohmann::json& j, const std::string& whe
     s.metrics_bytes = j.at("metrics_bytes").get<int64_t>();
     s.train_seconds = j.value("train_seconds", 0.0);
     s.history = j.at("history");
+    s.usage = j.value("usage", nlohmann::json());
   } catch (const nlohmann::json::exception& e) {
     EMOE_THROW(InputError, "{}: malformed training state: {}", where, e.what());
   }

@@ -21,6 +21,7 @@ struct TrainState {
   int64_t metrics_bytes = 0;   // size of metrics.jsonl when the checkpoint was taken
   double train_seconds = 0;
   nlohmann::json history = nlohmann::json::array();  // one record per evaluation
+  nlohmann::json usage;  // the expert-usage snapshots so far (UsageRecorder::to_json)
   nlohmann::json to_json() const;
   static TrainState from_json(const nlohmann::json& j, const std::string& where);
 };

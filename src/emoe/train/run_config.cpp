@@ -119,7 +119,8 @@ nlohmann::json RunConfig::to_json() const {
                        {"early_stopping", t.early_stopping},
                        {"max_train_examples", t.max_train_examples},
                        {"max_eval_examples", t.max_eval_examples}, {"log_every", t.log_every},
-                       {"save_every", t.save_every}, {"stop_after_steps", t.stop_after_steps}};
+                       {"save_every", t.save_every}, {"stop_after_steps", t.stop_after_steps},
+                       {"usage_interval", t.usage_interval}};
   nlohmann::json pj = {{"targets", peft.targets}, {"feedforward_targets", peft.feedforward_targets},
                        {"r", peft.r}, {"alpha", peft.alpha}, {"dropout", peft.dropout},
                        {"experts", peft.experts}, {"topk", peft.topk},
@@ -130,6 +131,7 @@ nlohmann::json RunConfig::to_json() const {
           {"ablation", ablation}, {"instruct_data", instruct_data},
           {"instruct_dev_fraction", instruct_dev_fraction}, {"mmlu_dir", mmlu_dir},
           {"mmlu_shots", mmlu_shots}, {"mmlu_max_questions", mmlu_max_questions},
+          {"prune_from", prune_from}, {"prune_keep", prune_keep},
           {"output", output}, {"save_best", save_best}, {"export_dense", export_dense},
           {"device", device}, {"dtype", dtype}, {"threads", threads}};
 }
@@ -158,6 +160,8 @@ RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where
   r.get("mmlu_dir", c.mmlu_dir);
   r.get("mmlu_shots", c.mmlu_shots);
   r.get("mmlu_max_questions", c.mmlu_max_questions);
+  r.get("prune_from", c.prune_from);
+  r.get("prune_keep", c.prune_keep);
   r.get("output", c.output);
   r.get("save_best", c.save_best);
   r.get("export_dense", c.export_dense);
@@ -241,6 +245,7 @@ RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where
     tr.get("log_every", o.log_every);
     tr.get("save_every", o.save_every);
     tr.get("stop_after_steps", o.stop_after_steps);
+    tr.get("usage_interval", o.usage_interval);
     tr.finish();
   }
   r.finish();
@@ -276,10 +281,13 @@ void RunConfig::validate() const {
   if (t.warmup_ratio < 0 || t.warmup_ratio >= 1) bad("train.warmup_ratio", "expected [0, 1)");
   if (t.max_length < 8) bad("train.max_length", fmt::format("expected >= 8, got {}", t.max_length));
   if (t.grad_clip < 0) bad("train.grad_clip", "expected >= 0");
+  if (t.usage_interval < 0) bad("train.usage_interval", "expected >= 0");
   if (peft.r < 1) bad("peft.r", "expected >= 1");
   if (peft.experts < 1) bad("peft.experts", "expected >= 1");
   if (peft.dropout < 0 || peft.dropout >= 1) bad("peft.dropout", "expected [0, 1)");
   if (output.empty()) bad("output", "required");
+  if (!prune_from.empty() && !uses_moe()) bad("prune_from", "needs an MoE method (emoe, emoe+lora, ...)");
+  if (!prune_from.empty() && prune_keep < 1) bad("prune_keep", "expected >= 1 with prune_from");
 }
 
 void apply_overrides(nlohmann::json& j, const std::vector<std::string>& overrides) {

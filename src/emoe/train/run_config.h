@@ -34,6 +34,7 @@ struct TrainOptions {
   int64_t log_every = 20;          // optimiser steps between log lines
   int64_t save_every = 0;          // checkpoint every N steps (0: at each epoch end)
   int64_t stop_after_steps = 0;    // checkpoint and exit after N steps (tests of --resume)
+  int64_t usage_interval = 10;     // steps between expert-usage snapshots (0 = per epoch only)
 };
 
 struct RunConfig {
@@ -55,6 +56,10 @@ struct RunConfig {
   std::string mmlu_dir;
   int64_t mmlu_shots = 0;
   int64_t mmlu_max_questions = 0;
+  // Pruning -> training: keep prune_keep experts per layer, chosen by the training usage of the
+  // run in prune_from (same MoE settings, so the fresh split is the same).
+  std::string prune_from;
+  int64_t prune_keep = 0;
   std::string output = "runs/run";
   bool save_best = true;       // write the best model as a Hugging Face folder
   bool export_dense = true;    // ... recomposed to the dense architecture when possible

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 
+#include "emoe/analysis/usage.h"
 #include "emoe/core/error.h"
 #include "emoe/core/runtime.h"
 #include "emoe/data/batching.h"
@@ -16,6 +17,7 @@
 #include "emoe/io/atomic_file.h"
 #include "emoe/io/safetensors.h"
 #include "emoe/train/checkpoint.h"
+#include "emoe/train/method.h"
 #include "emoe/train/model_io.h"
 #include "emoe/train/optim.h"
 #include "emoe/train/progress.h"
@@ -47,33 +49,22 @@ struct TrainContext {
   PeftConfig peft;
 };
 
-// A fixed subset (seed independent of the run seed, so every run of a sweep sees the same data).
-template <typename T>
-void take_subset(std::vector<T>& v, int64_t n) {
-  if (n <= 0 || static_cast<int64_t>(v.size()) <= n) return;
-  auto order = epoch_order(static_cast<int64_t>(v.size()), 20240601ull, 0, true);
-  std::vector<T> out;
-  out.reserve(n);
-  for (int64_t i = 0; i < n; ++i) out.push_back(v[order[i]]);
-  v = std::move(out);
-}
-
 void setup_data(TrainContext& c) {
   const auto& cfg = c.cfg;
   const int64_t max_len = cfg.train.max_length;
   if (cfg.objective == "classification") {
     c.task = glue_task(cfg.task);
     auto train = load_glue(cfg.task, "train", cfg.data_dir);
-    take_subset(train.examples, cfg.train.max_train_examples);
+    keep_fixed_subset(train.examples, cfg.train.max_train_examples);
     c.train = encode_dataset(train, *c.tok, max_len);
     auto dev = load_glue(cfg.task, "dev", cfg.data_dir);
-    take_subset(dev.examples, cfg.train.max_eval_examples);
+    keep_fixed_subset(dev.examples, cfg.train.max_eval_examples);
     c.evals.push_back({"dev", encode_dataset(dev, *c.tok, max_len), dev.prediction_labels});
     std::vector<std::string> ood = cfg.ood;
     if (ood.size() == 1 && ood[0] == "all") ood = ood_set_names(cfg.task);
     for (const auto& name : ood) {
       auto d = load_ood(cfg.task, name, cfg.data_dir);
-      take_subset(d.examples, cfg.train.max_eval_examples);
+      keep_fixed_subset(d.examples, cfg.train.max_eval_examples);
       c.evals.push_back({name, encode_dataset(d, *c.tok, max_len), d.prediction_labels});
     }
     spdlog::info("task {}: {} training examples, dev {}, out-of-domain: {}", cfg.task,
@@ -81,7 +72,7 @@ void setup_data(TrainContext& c) {
                  ood.empty() ? std::string("none") : fmt::format("{}", fmt::join(ood, ", ")));
   } else {
     auto all = load_alpaca(cfg.instruct_data);
-    take_subset(all, cfg.train.max_train_examples);
+    keep_fixed_subset(all, cfg.train.max_train_examples);
     const auto n_dev = static_cast<size_t>(
         std::max<double>(1.0, cfg.instruct_dev_fraction * static_cast<double>(all.size())));
     EMOE_CHECK(all.size() > n_dev, InputError, "{}: too few examples ({}) for a dev split",
@@ -105,7 +96,7 @@ void setup_data(TrainContext& c) {
     c.evals.push_back({"dev", with_targets(encode_instructions(dev, *c.tok, max_len), "dev"), {}});
     if (!cfg.mmlu_dir.empty()) {
       c.mmlu = load_mmlu_split((fs::path(cfg.mmlu_dir) / "val").string());
-      take_subset(c.mmlu, cfg.mmlu_max_questions);
+      keep_fixed_subset(c.mmlu, cfg.mmlu_max_questions);
       if (cfg.mmlu_shots > 0) c.mmlu_dev = load_mmlu_split((fs::path(cfg.mmlu_dir) / "dev").string());
     }
     spdlog::info("instruction tuning: {} training examples, {} dev, {} MMLU questions ({}-shot)",
@@ -154,15 +145,10 @@ void setup_model(TrainContext& c) {
     EMOE_CHECK(start_moe.empty(), UsageError,
                "{}: is already converted ({}); use method full to fine-tune it as it is", cfg.model,
                to_string(start_moe.config.method));
-    c.moe = convert_to_moe(*c.model, cfg.moe, sample_batches(c));
-    c.moe.source = cfg.model;
   }
-  c.peft = cfg.peft;
-  if (c.peft.method != PeftMethod::kNone) {
-    c.peft.seed = cfg.train.seed;
-    apply_peft(*c.model, c.peft);
-    select_trainable(*c.model, c.peft);
-  }
+  auto st = apply_method(*c.model, cfg, cfg.uses_moe() ? sample_batches(c) : std::vector<ModelInputs>());
+  if (cfg.uses_moe()) c.moe = st.moe;
+  c.peft = st.peft;
   c.model->to(c.device, parse_dtype(cfg.dtype));
   c.model->train();
   auto counts = count_parameters(*c.model);
@@ -188,22 +174,26 @@ ModelInputs to_inputs(const Batch& b, const c10::Device& dev) {
 }
 
 // dev + out-of-domain (+ MMLU) results of the current model, as one JSON record.
-nlohmann::json evaluate_all(TrainContext& c) {
+nlohmann::json evaluate_all(TrainContext& c, UsageRecorder& usage, int64_t step) {
   set_phase(c, true);
   nlohmann::json sets = nlohmann::json::object();
   for (const auto& s : c.evals) {
+    usage.discard(false);
     EvalOutput o = c.cfg.objective == "classification"
                        ? evaluate_classifier(*c.model, s.data, c.task, c.cfg.train.eval_batch_size, c.pad_id,
                                              s.prediction_labels)
                        : evaluate_lm_loss(*c.model, s.data, c.cfg.train.eval_batch_size, c.pad_id);
     sets[s.name] = {{"metrics", o.metrics}, {"loss", o.loss}, {"examples", o.examples},
                     {"seconds", o.seconds}};
+    usage.snapshot(step, s.name, false);
   }
   if (!c.mmlu.empty()) {
+    usage.discard(false);
     auto r = evaluate_mmlu(*c.model, *c.tok, c.mmlu, c.mmlu_dev, c.cfg.mmlu_shots,
                            std::min<int64_t>(c.cfg.train.max_length, c.model->summary().max_positions));
     sets["mmlu"] = {{"metrics", {{"accuracy", r.accuracy}}}, {"examples", r.questions},
                     {"per_subject", r.per_subject}};
+    usage.snapshot(step, "mmlu", false);
   }
   set_phase(c, false);
   return sets;
@@ -222,7 +212,8 @@ void append_metrics(const std::string& path, const nlohmann::json& record) {
   EMOE_CHECK(out.good(), RuntimeError, "{}: write failed", path);
 }
 
-// The best model as the run's deliverables: model/ (folded to dense when possible) and adapter/.
+// The best model as the run's deliverables: model/ (folded to dense when possible), model_moe/
+// (the MoE form, when the method converted layers) and adapter/ (PEFT format).
 void export_model(TrainContext& c) {
   const auto model_dir = (fs::path(c.dir) / "model").string();
   const auto adapter_dir = (fs::path(c.dir) / "adapter").string();
@@ -230,6 +221,10 @@ void export_model(TrainContext& c) {
   PeftConfig peft = c.peft;
   if (peft.method == PeftMethod::kLora || peft.method == PeftMethod::kIa3)
     save_peft_adapter(*c.model, peft, adapter_dir, fs::absolute(c.cfg.model).string());
+  if (!moe.empty()) {
+    // the MoE form as trained (for pruning and analysis), before any recomposition
+    save_any_model(*c.model, moe, peft, (fs::path(c.dir) / "model_moe").string(), c.cfg.model);
+  }
   if (c.cfg.export_dense) {
     if (peft.method == PeftMethod::kLora) {
       merge_lora(*c.model);
@@ -295,6 +290,12 @@ TrainResult run_training(const RunConfig& config, bool resume) {
     if (resume) spdlog::info("{}: no checkpoint yet; starting from the beginning", c.dir);
     std::ofstream(metrics_path, std::ios::trunc);
   }
+  UsageRecorder usage(*c.model);
+  usage.discard(true);
+  usage.discard(false);
+  usage.restore(st.usage);
+  if (!c.moe.empty())
+    write_text_atomic((fs::path(c.dir) / "moe.json").string(), moe_state_to_json(c.moe).dump(1) + "\n");
   const auto best_path = (fs::path(c.dir) / "best_state.safetensors").string();
   spdlog::info("{} epochs x {} steps ({} examples, batch {} x {} accumulation), warm-up {}, {} schedule",
                epochs, steps_per_epoch, n, o.batch_size, o.grad_accum, warmup, o.schedule);
@@ -309,7 +310,9 @@ TrainResult run_training(const RunConfig& config, bool resume) {
   auto window_start = std::chrono::steady_clock::now();
   auto checkpoint = [&] {
     st.metrics_bytes = static_cast<int64_t>(fs::file_size(metrics_path));
+    st.usage = usage.to_json();
     save_checkpoint(c.dir, *c.model, opt, st);
+    usage.save(c.dir);
   };
   set_phase(c, false);
   for (int64_t epoch = st.epoch; epoch < epochs && !done; ++epoch) {
@@ -342,6 +345,7 @@ TrainResult run_training(const RunConfig& config, bool resume) {
       opt.zero_grad();
       st.step += 1;
       st.batch_in_epoch = b + 1;
+      if (o.usage_interval > 0 && st.step % o.usage_interval == 0) usage.snapshot(st.step, "train", true);
       progress.update(st.step, fmt::format("epoch {}/{} loss {:.4f} lr {:.2e}", epoch + 1, epochs,
                                            loss_acc / std::max<int64_t>(1, loss_count), lr));
       if (st.step % o.log_every == 0 || st.step == total_steps) {
@@ -365,8 +369,9 @@ TrainResult run_training(const RunConfig& config, bool resume) {
     }
     st.train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
     progress.finish();
+    if (o.usage_interval == 0 || st.step % o.usage_interval != 0) usage.snapshot(st.step, "train", true);
     // evaluation at the end of every epoch; the best one by the task's main metric is kept
-    auto sets = evaluate_all(c);
+    auto sets = evaluate_all(c, usage, st.step);
     const double score = main_score(c, sets);
     nlohmann::json record = {{"type", "eval"}, {"step", st.step}, {"epoch", epoch + 1}, {"sets", sets}};
     append_metrics(metrics_path, record);
@@ -412,6 +417,7 @@ TrainResult run_training(const RunConfig& config, bool resume) {
                         {"epochs_run", st.epoch}, {"steps", st.step}, {"train_seconds", st.train_seconds},
                         {"parameters", {{"total", counts.total}, {"trainable", counts.trainable}}},
                         {"history", st.history}};
+  usage.save(c.dir);
   if (c.cfg.save_best) export_model(c);
   write_text_atomic((fs::path(c.dir) / "results.json").string(), res.dump(2) + "\n");
   result.results = res;
