@@ -32,7 +32,6 @@ void run_info(const InfoArgs& a) {
   auto model = load_any_model(a.model_dir, {}, &moe);
   CheckpointReader ckpt(a.model_dir);
   const auto& s = model->summary();
-  const Head head = s.head;
 
   // FFN parameters are found through the FFN slots, so no name matching is needed for them.
   std::set<const void*> ffn_ptrs;

@@ -12,6 +12,7 @@
 #include "emoe/io/atomic_file.h"
 #include "emoe/train/model_io.h"
 #include "emoe/train/run_config.h"
+#include "emoe/train/run_data.h"
 
 namespace emoe::cli {
 namespace {
@@ -41,22 +42,20 @@ void run_prune(const PruneArgs& a) {
   auto tok = load_tokenizer(model_dir);
   const auto& s = model->summary();
   const int64_t pad = tok->special().pad.value_or(s.pad_token_id.value_or(s.eos_token_id.value_or(0)));
-  TaskSpec task = glue_task(cfg.task);
+  if (a.max_examples > 0) cfg.train.max_eval_examples = a.max_examples;
+  auto data = load_run_data(cfg, /*train_split=*/false);
+  const TaskSpec& task = data.task;
   struct Set {
     std::string name;
     std::vector<EncodedExample> data;
     std::vector<int64_t> prediction_labels;
   };
   std::vector<Set> sets;
-  auto add = [&](const std::string& name, Dataset d) {
-    const int64_t limit = a.max_examples > 0 ? a.max_examples : cfg.train.max_eval_examples;
-    keep_fixed_subset(d.examples, limit);
+  auto add = [&](const std::string& name, const Dataset& d) {
     sets.push_back({name, encode_dataset(d, *tok, cfg.train.max_length), d.prediction_labels});
   };
-  add("dev", load_glue(cfg.task, "dev", cfg.data_dir));
-  auto ood = cfg.ood;
-  if (ood.size() == 1 && ood[0] == "all") ood = ood_set_names(cfg.task);
-  for (const auto& o : ood) add(o, load_ood(cfg.task, o, cfg.data_dir));
+  add("dev", data.dev);
+  for (const auto& [name, d] : data.ood) add(name, d);
 
   int64_t experts = 0;
   for (const auto& src : usage.sources())

@@ -8,7 +8,7 @@
 
 #include "commands.h"
 #include "emoe/core/error.h"
-#include "emoe/data/dataset.h"
+#include "emoe/train/run_data.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/train/trainer.h"
 
@@ -140,7 +140,7 @@ void run_sweep(const SweepArgs& a) {
   std::string md = fmt::format("{} on {} ({}), mean ± std over seeds {} at each run's best epoch: {}\n\n{}{}\n",
                                base.model, base.objective == "classification" ? base.task : "instructions",
                                a.methods.empty() ? base.method : a.methods, a.seeds,
-                               base.objective == "classification" ? glue_task(base.task).main_metric + " (percent)"
+                               base.objective == "classification" ? run_task(base).main_metric + " (percent)"
                                                                   : "dev loss",
                                header, fmt::join(table, "\n"));
   std::cout << md;

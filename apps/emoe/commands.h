@@ -35,5 +35,7 @@ void register_sweep(CLI::App& app);
 void register_analyze(CLI::App& app);
 void register_prune(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_pretrain(CLI::App& app);
+void register_demo(CLI::App& app);
 
 }  // namespace emoe::cli

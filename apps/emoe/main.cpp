@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
   emoe::cli::register_analyze(app);
   emoe::cli::register_prune(app);
   emoe::cli::register_bench(app);
+  emoe::cli::register_pretrain(app);
+  emoe::cli::register_demo(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

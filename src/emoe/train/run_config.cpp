@@ -126,7 +126,16 @@ nlohmann::json RunConfig::to_json() const {
                        {"experts", peft.experts}, {"topk", peft.topk},
                        {"balance_weight", peft.balance_weight}};
   auto mj = moe.to_json();
-  return {{"model", model}, {"objective", objective}, {"task", task}, {"data_dir", data_dir},
+  nlohmann::json dj = nullptr;
+  if (!dataset.empty()) {
+    nlohmann::json ood = nlohmann::json::object();
+    for (const auto& [name, file] : dataset.ood) ood[name] = file;
+    dj = {{"train", dataset.train}, {"dev", dataset.dev}, {"ood", ood},
+          {"text_cols", dataset.text_cols}, {"label_col", dataset.label_col},
+          {"labels", dataset.labels}, {"regression", dataset.regression},
+          {"metrics", dataset.metrics}};
+  }
+  return {{"model", model}, {"objective", objective}, {"task", task}, {"dataset", dj}, {"data_dir", data_dir},
           {"ood", ood}, {"method", method}, {"moe", mj}, {"peft", pj}, {"train", tj},
           {"ablation", ablation}, {"instruct_data", instruct_data},
           {"instruct_dev_fraction", instruct_dev_fraction}, {"mmlu_dir", mmlu_dir},
@@ -142,6 +151,24 @@ RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where
   r.get("model", c.model);
   r.get("objective", c.objective);
   r.get("task", c.task);
+  if (auto* d = r.sub("dataset")) {
+    Reader dr(*d, where + ".dataset");
+    dr.get("train", c.dataset.train);
+    dr.get("dev", c.dataset.dev);
+    if (auto* o = dr.sub("ood")) {
+      EMOE_CHECK(o->is_object(), InputError, "{}.dataset.ood: expected a mapping name: file", where);
+      for (auto it = o->begin(); it != o->end(); ++it) {
+        EMOE_CHECK(it.value().is_string(), InputError, "{}.dataset.ood.{}: expected a file path", where, it.key());
+        c.dataset.ood.emplace_back(it.key(), it.value().get<std::string>());
+      }
+    }
+    dr.get("text_cols", c.dataset.text_cols);
+    dr.get("label_col", c.dataset.label_col);
+    dr.get("labels", c.dataset.labels);
+    dr.get("regression", c.dataset.regression);
+    dr.get("metrics", c.dataset.metrics);
+    dr.finish();
+  }
   r.get("data_dir", c.data_dir);
   if (auto* o = r.sub("ood")) {
     if (o->is_string()) c.ood = {o->get<std::string>()};
@@ -264,6 +291,12 @@ void RunConfig::validate() const {
   if (objective != "classification" && objective != "instruction")
     bad("objective", fmt::format("expected classification or instruction, got '{}'", objective));
   if (objective == "classification" && task.empty()) bad("task", "required for classification");
+  if (!dataset.empty()) {
+    if (dataset.dev.empty()) bad("dataset.dev", "required with dataset.train");
+    if (!dataset.regression && dataset.labels.size() < 2) bad("dataset.labels", "expected two or more label names");
+    if (dataset.metrics.empty()) bad("dataset.metrics", "expected at least one metric");
+    if (dataset.text_cols.empty() || dataset.text_cols.size() > 2) bad("dataset.text_cols", "expected one or two columns");
+  }
   if (objective == "instruction" && instruct_data.empty())
     bad("instruct_data", "required for instruction tuning (an Alpaca JSON file)");
   if (ablation != "none" && ablation != "train-dense-eval-moe" && ablation != "train-moe-eval-dense")
@@ -319,17 +352,23 @@ void apply_overrides(nlohmann::json& j, const std::vector<std::string>& override
   }
 }
 
+nlohmann::json load_yaml_file(const std::string& path) {
+  EMOE_CHECK(std::filesystem::exists(path), InputError, "{}: no such config file", path);
+  nlohmann::json j;
+  try {
+    j = yaml_to_json(YAML::LoadFile(path));
+  } catch (const YAML::Exception& e) {
+    EMOE_THROW(InputError, "{}: not valid YAML: {}", path, e.what());
+  }
+  if (j.is_null()) j = nlohmann::json::object();
+  return j;
+}
+
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
   nlohmann::json j = nlohmann::json::object();
   std::string where = "run config";
   if (!path.empty()) {
-    EMOE_CHECK(std::filesystem::exists(path), InputError, "{}: no such config file", path);
-    try {
-      j = yaml_to_json(YAML::LoadFile(path));
-    } catch (const YAML::Exception& e) {
-      EMOE_THROW(InputError, "{}: not valid YAML: {}", path, e.what());
-    }
-    if (j.is_null()) j = nlohmann::json::object();
+    j = load_yaml_file(path);
     where = path;
   }
   apply_overrides(j, overrides);

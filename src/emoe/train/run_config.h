@@ -37,10 +37,23 @@ struct TrainOptions {
   int64_t usage_interval = 10;     // steps between expert-usage snapshots (0 = per epoch only)
 };
 
+// A classification data set from the user's own files (instead of a GLUE task).
+struct CustomDataset {
+  std::string train, dev;                                // TSV / CSV / JSONL files
+  std::vector<std::pair<std::string, std::string>> ood;  // out-of-domain sets: name -> file
+  std::vector<std::string> text_cols = {"sentence"};     // one column, or two for pairs
+  std::string label_col = "label";
+  std::vector<std::string> labels;                       // label names in id order
+  bool regression = false;
+  std::vector<std::string> metrics = {"accuracy"};       // the first one picks the best epoch
+  bool empty() const { return train.empty(); }
+};
+
 struct RunConfig {
   std::string model;             // Hugging Face model folder
   std::string objective = "classification";  // classification | instruction
-  std::string task;              // GLUE task name (classification)
+  std::string task;              // GLUE task name (classification), or a name for `dataset`
+  CustomDataset dataset;         // when set: the task's data come from these files
   std::string data_dir = "../shared/data";
   std::vector<std::string> ood;  // out-of-domain set names, or ["all"]
   // full | lora | ia3 | mov | molora | emoe | emoe+lora | emoe-learn | gmoe | moefication
@@ -79,6 +92,9 @@ struct RunConfig {
 // YAML (or JSON) file -> config, with `key=value` overrides applied on top ("train.lr=3e-5",
 // "moe.layers=[2,3]", "method=lora"). Errors name the file and the key.
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// A YAML (or JSON) file as JSON, scalars typed as YAML reads them (InputError naming the file).
+nlohmann::json load_yaml_file(const std::string& path);
+
 // Applies overrides to a JSON config (dotted keys; values parsed as YAML scalars/lists).
 void apply_overrides(nlohmann::json& j, const std::vector<std::string>& overrides);
 

@@ -21,6 +21,7 @@
 #include "emoe/train/model_io.h"
 #include "emoe/train/optim.h"
 #include "emoe/train/progress.h"
+#include "emoe/train/run_data.h"
 
 namespace emoe {
 namespace fs = std::filesystem;
@@ -53,23 +54,18 @@ void setup_data(TrainContext& c) {
   const auto& cfg = c.cfg;
   const int64_t max_len = cfg.train.max_length;
   if (cfg.objective == "classification") {
-    c.task = glue_task(cfg.task);
-    auto train = load_glue(cfg.task, "train", cfg.data_dir);
-    keep_fixed_subset(train.examples, cfg.train.max_train_examples);
-    c.train = encode_dataset(train, *c.tok, max_len);
-    auto dev = load_glue(cfg.task, "dev", cfg.data_dir);
-    keep_fixed_subset(dev.examples, cfg.train.max_eval_examples);
-    c.evals.push_back({"dev", encode_dataset(dev, *c.tok, max_len), dev.prediction_labels});
-    std::vector<std::string> ood = cfg.ood;
-    if (ood.size() == 1 && ood[0] == "all") ood = ood_set_names(cfg.task);
-    for (const auto& name : ood) {
-      auto d = load_ood(cfg.task, name, cfg.data_dir);
-      keep_fixed_subset(d.examples, cfg.train.max_eval_examples);
+    auto data = load_run_data(cfg);
+    c.task = data.task;
+    c.train = encode_dataset(data.train, *c.tok, max_len);
+    c.evals.push_back({"dev", encode_dataset(data.dev, *c.tok, max_len), data.dev.prediction_labels});
+    std::vector<std::string> names;
+    for (const auto& [name, d] : data.ood) {
       c.evals.push_back({name, encode_dataset(d, *c.tok, max_len), d.prediction_labels});
+      names.push_back(name);
     }
-    spdlog::info("task {}: {} training examples, dev {}, out-of-domain: {}", cfg.task,
-                 c.train.size(), c.evals[0].data.size(),
-                 ood.empty() ? std::string("none") : fmt::format("{}", fmt::join(ood, ", ")));
+    spdlog::info("task {}: {} training examples, dev {}, out-of-domain: {}", cfg.task, c.train.size(),
+                 c.evals[0].data.size(),
+                 names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, ", ")));
   } else {
     auto all = load_alpaca(cfg.instruct_data);
     keep_fixed_subset(all, cfg.train.max_train_examples);

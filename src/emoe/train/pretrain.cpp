@@ -1,0 +1,262 @@
+// Pretraining a small model from scratch.
+#include "emoe/train/pretrain.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "emoe/core/error.h"
+#include "emoe/core/runtime.h"
+#include "emoe/io/atomic_file.h"
+#include "emoe/models/loader.h"
+#include "emoe/moe/convert.h"
+#include "emoe/tokenizer/tokenizer.h"
+#include "emoe/tokenizer/wordpiece_trainer.h"
+#include "emoe/train/optim.h"
+#include "emoe/train/progress.h"
+#include "emoe/train/run_config.h"
+
+namespace emoe {
+namespace fs = std::filesystem;
+
+nlohmann::json PretrainConfig::to_json() const {
+  return {{"arch", arch}, {"hidden", hidden}, {"layers", layers}, {"heads", heads},
+          {"kv_heads", kv_heads}, {"intermediate", intermediate}, {"max_positions", max_positions},
+          {"corpus", corpus}, {"tokenizer", tokenizer}, {"vocab_size", vocab_size}, {"lr", lr},
+          {"warmup_ratio", warmup_ratio}, {"weight_decay", weight_decay}, {"mask_prob", mask_prob},
+          {"batch_size", batch_size}, {"steps", steps}, {"max_length", max_length},
+          {"log_every", log_every}, {"seed", seed}, {"output", output}, {"device", device},
+          {"dtype", dtype}, {"threads", threads}};
+}
+
+PretrainConfig PretrainConfig::from_json(const nlohmann::json& j, const std::string& where) {
+  PretrainConfig c;
+  const nlohmann::json defaults = c.to_json();
+  EMOE_CHECK(j.is_object(), InputError, "{}: expected a mapping", where);
+  for (auto it = j.begin(); it != j.end(); ++it)
+    EMOE_CHECK(defaults.contains(it.key()), InputError, "{}: unknown key '{}'", where, it.key());
+  auto get = [&](const char* key, auto& out) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    try {
+      out = j[key].get<std::decay_t<decltype(out)>>();
+    } catch (const nlohmann::json::exception&) {
+      EMOE_THROW(InputError, "{}.{}: expected a {} value, got {}", where, key, defaults[key].type_name(), j[key].dump());
+    }
+  };
+  get("arch", c.arch); get("hidden", c.hidden); get("layers", c.layers); get("heads", c.heads);
+  get("kv_heads", c.kv_heads); get("intermediate", c.intermediate); get("max_positions", c.max_positions);
+  get("corpus", c.corpus); get("tokenizer", c.tokenizer); get("vocab_size", c.vocab_size);
+  get("lr", c.lr); get("warmup_ratio", c.warmup_ratio); get("weight_decay", c.weight_decay);
+  get("mask_prob", c.mask_prob); get("batch_size", c.batch_size); get("steps", c.steps);
+  get("max_length", c.max_length); get("log_every", c.log_every); get("seed", c.seed);
+  get("output", c.output); get("device", c.device); get("dtype", c.dtype); get("threads", c.threads);
+  return c;
+}
+
+void PretrainConfig::validate() const {
+  auto bad = [](const std::string& k, const std::string& w) { EMOE_THROW(InputError, "pretrain config: {}: {}", k, w); };
+  if (arch != "bert" && arch != "gpt2" && arch != "llama") bad("arch", fmt::format("expected bert, gpt2 or llama, got '{}'", arch));
+  if (corpus.empty()) bad("corpus", "required (a text file, one document per line)");
+  if (hidden < 8 || layers < 1 || heads < 1 || intermediate < 1) bad("hidden/layers/heads/intermediate", "expected positive sizes");
+  if (hidden % heads != 0) bad("hidden", fmt::format("hidden {} is not a multiple of heads {}", hidden, heads));
+  if (tokenizer == "train" && arch != "bert")
+    bad("tokenizer", "vocabulary training makes WordPiece (BERT) vocabularies; give a tokenizer folder for gpt2/llama");
+  if (steps < 1 || batch_size < 1) bad("steps/batch_size", "expected >= 1");
+  if (max_length < 4 || max_length > max_positions) bad("max_length", fmt::format("expected 4..max_positions ({}), got {}", max_positions, max_length));
+  if (mask_prob <= 0 || mask_prob >= 1) bad("mask_prob", "expected (0, 1)");
+  if (lr <= 0) bad("lr", "expected > 0");
+}
+
+PretrainConfig load_pretrain_config(const std::string& path, const std::vector<std::string>& overrides) {
+  nlohmann::json j = nlohmann::json::object();
+  std::string where = "pretrain config";
+  if (!path.empty()) {
+    j = load_yaml_file(path);
+    where = path;
+  }
+  apply_overrides(j, overrides);
+  auto c = PretrainConfig::from_json(j, where);
+  c.validate();
+  return c;
+}
+
+namespace {
+
+std::vector<std::string> pretrain_read_lines(const std::string& path) {
+  std::ifstream in(path);
+  EMOE_CHECK(in.good(), InputError, "{}: cannot open the corpus", path);
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line))
+    if (line.find_first_not_of(" \t\r") != std::string::npos) out.push_back(line);
+  EMOE_CHECK(!out.empty(), InputError, "{}: the corpus has no text", path);
+  return out;
+}
+
+nlohmann::json pretrain_model_config(const PretrainConfig& c, const Tokenizer& tok) {
+  const int64_t v = tok.vocab_size();
+  const auto& sp = tok.special();
+  if (c.arch == "bert")
+    return {{"model_type", "bert"}, {"architectures", {"BertForMaskedLM"}}, {"vocab_size", v},
+            {"hidden_size", c.hidden}, {"num_hidden_layers", c.layers}, {"num_attention_heads", c.heads},
+            {"intermediate_size", c.intermediate}, {"max_position_embeddings", c.max_positions},
+            {"type_vocab_size", 2}, {"hidden_act", "gelu"}, {"hidden_dropout_prob", 0.1},
+            {"attention_probs_dropout_prob", 0.1}, {"layer_norm_eps", 1e-12}, {"initializer_range", 0.02},
+            {"pad_token_id", sp.pad.value_or(0)}};
+  if (c.arch == "gpt2")
+    return {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", v},
+            {"n_embd", c.hidden}, {"n_layer", c.layers}, {"n_head", c.heads}, {"n_inner", c.intermediate},
+            {"n_positions", c.max_positions}, {"activation_function", "gelu_new"},
+            {"bos_token_id", sp.bos.value_or(sp.eos.value_or(0))}, {"eos_token_id", sp.eos.value_or(0)}};
+  return {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", v},
+          {"hidden_size", c.hidden}, {"intermediate_size", c.intermediate}, {"num_hidden_layers", c.layers},
+          {"num_attention_heads", c.heads}, {"num_key_value_heads", c.kv_heads > 0 ? c.kv_heads : c.heads},
+          {"max_position_embeddings", c.max_positions}, {"rms_norm_eps", 1e-5}, {"hidden_act", "silu"},
+          {"tie_word_embeddings", true}, {"bos_token_id", sp.bos.value_or(1)}, {"eos_token_id", sp.eos.value_or(2)}};
+}
+
+// BERT's masking: mask_prob of the non-special tokens; 80 % [MASK], 10 % random, 10 % kept.
+void pretrain_mask(torch::Tensor& ids, torch::Tensor& labels, const torch::Tensor& special, int64_t mask_id,
+                   int64_t vocab, double p, at::Generator& gen) {
+  auto prob = torch::full(ids.sizes(), p).masked_fill(special, 0.0);
+  auto chosen = torch::bernoulli(prob, gen).to(torch::kBool);
+  labels = ids.masked_fill(chosen.logical_not(), -100);
+  auto r = torch::rand(ids.sizes(), gen);
+  ids = ids.masked_fill(chosen.logical_and(r < 0.8), mask_id);
+  auto random_ids = torch::randint(vocab, ids.sizes(), gen, torch::kLong);
+  auto replace = chosen.logical_and(r >= 0.8).logical_and(r < 0.9);
+  ids = torch::where(replace, random_ids, ids);
+}
+
+}  // namespace
+
+PretrainResult run_pretraining(const PretrainConfig& cfg) {
+  cfg.validate();
+  auto t0 = std::chrono::steady_clock::now();
+  configure_threads(cfg.threads);
+  const auto device = parse_device(cfg.device);
+  auto lines = pretrain_read_lines(cfg.corpus);  // before anything is written
+  if (cfg.tokenizer != "train") load_tokenizer(cfg.tokenizer);  // a bad folder fails here too
+  std::error_code ec;
+  fs::create_directories(cfg.output, ec);
+  EMOE_CHECK(!ec, RuntimeError, "{}: cannot create: {}", cfg.output, ec.message());
+
+  // tokenizer: trained here (WordPiece) or given
+  std::string tok_dir = cfg.tokenizer;
+  if (cfg.tokenizer == "train") {
+    WordPieceTrainerOptions wo;
+    wo.vocab_size = cfg.vocab_size;
+    auto vocab = train_wordpiece_vocab(lines, wo);
+    std::ostringstream v;
+    for (const auto& t : vocab) v << t << "\n";
+    write_text_atomic((fs::path(cfg.output) / "vocab.txt").string(), v.str());
+    write_text_atomic((fs::path(cfg.output) / "tokenizer_config.json").string(),
+                      "{\"tokenizer_class\": \"BertTokenizer\", \"do_lower_case\": true, \"model_max_length\": " +
+                          std::to_string(cfg.max_positions) + "}\n");
+    write_text_atomic((fs::path(cfg.output) / "special_tokens_map.json").string(),
+                      "{\"unk_token\": \"[UNK]\", \"sep_token\": \"[SEP]\", \"pad_token\": \"[PAD]\", "
+                      "\"cls_token\": \"[CLS]\", \"mask_token\": \"[MASK]\"}\n");
+    tok_dir = cfg.output;
+    spdlog::info("pretrain: WordPiece vocabulary of {} tokens from {} lines", vocab.size(), lines.size());
+  }
+  auto tok = load_tokenizer(tok_dir);
+  if (tok_dir != cfg.output) copy_tokenizer_files(tok_dir, cfg.output);
+  const bool mlm = cfg.arch == "bert";
+  std::optional<int64_t> mask_id;
+  if (mlm) {
+    mask_id = tok->special().mask;
+    EMOE_CHECK(mask_id.has_value(), InputError, "{}: the tokenizer has no [MASK] token for masked LM", tok_dir);
+  }
+  const int64_t pad = tok->special().pad.value_or(tok->special().eos.value_or(0));
+  std::vector<std::vector<int64_t>> seqs;
+  for (const auto& l : lines) {
+    auto ids = tok->encode(l, true, cfg.max_length).ids;
+    if (!mlm && tok->special().eos && static_cast<int64_t>(ids.size()) < cfg.max_length)
+      ids.push_back(*tok->special().eos);
+    if (ids.size() >= 3) seqs.push_back(std::move(ids));
+  }
+  std::set<int64_t> special_ids;
+  for (const auto& o : {tok->special().cls, tok->special().sep, tok->special().pad, tok->special().bos,
+                        tok->special().eos, tok->special().unk, tok->special().mask})
+    if (o) special_ids.insert(*o);
+
+  torch::manual_seed(cfg.seed);
+  auto model = create_model(JsonFields(pretrain_model_config(cfg, *tok), "pretrain"),
+                            mlm ? Head::kMaskedLM : Head::kCausalLM);
+  model->to(device, parse_dtype(cfg.dtype));
+  model->train();
+  TrainOptions to;
+  to.lr = cfg.lr;
+  to.weight_decay = cfg.weight_decay;
+  Optimizer opt(*model, to);
+  const int64_t warmup = static_cast<int64_t>(cfg.warmup_ratio * static_cast<double>(cfg.steps));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(cfg.seed + 1);
+  std::mt19937_64 rng(cfg.seed);
+  Progress progress(cfg.steps, "pretrain", cfg.log_every);
+  PretrainResult res;
+  double window = 0;
+  int64_t window_n = 0;
+  std::ofstream log((fs::path(cfg.output) / "pretrain.jsonl").string(), std::ios::trunc);
+  for (int64_t step = 0; step < cfg.steps; ++step) {
+    std::vector<const std::vector<int64_t>*> batch;
+    for (int64_t i = 0; i < cfg.batch_size; ++i)
+      batch.push_back(&seqs[std::uniform_int_distribution<size_t>(0, seqs.size() - 1)(rng)]);
+    size_t len = 0;
+    for (auto* s : batch) len = std::max(len, s->size());
+    auto ids = torch::full({cfg.batch_size, static_cast<int64_t>(len)}, pad, torch::kLong);
+    auto mask = torch::zeros_like(ids);
+    for (int64_t i = 0; i < cfg.batch_size; ++i) {
+      auto n = static_cast<int64_t>(batch[i]->size());
+      ids[i].narrow(0, 0, n).copy_(torch::tensor(*batch[i], torch::kLong));
+      mask[i].narrow(0, 0, n).fill_(1);
+    }
+    ModelInputs in;
+    torch::Tensor labels;
+    if (mlm) {
+      auto special = mask == 0;
+      for (auto s : special_ids) special = special.logical_or(ids == s);
+      pretrain_mask(ids, labels, special, *mask_id, tok->vocab_size(), cfg.mask_prob, gen);
+    } else {
+      labels = ids.masked_fill(mask == 0, -100);
+    }
+    in.input_ids = ids.to(device);
+    in.attention_mask = mask.to(device);
+    in.labels = labels.to(device);
+    auto loss = model->forward(in).loss;
+    loss.backward();
+    torch::nn::utils::clip_grad_norm_(opt.parameters(), 1.0);
+    opt.set_lr_factor(schedule_factor("linear", step, cfg.steps, warmup));
+    opt.step();
+    opt.zero_grad();
+    window += loss.item<double>();
+    window_n += 1;
+    progress.update(step + 1, fmt::format("loss {:.4f}", window / window_n));
+    if ((step + 1) % cfg.log_every == 0 || step + 1 == cfg.steps) {
+      double mean = window / window_n;
+      if (res.first_loss == 0) res.first_loss = mean;
+      res.final_loss = mean;
+      log << nlohmann::json({{"step", step + 1}, {"loss", mean}, {"lr", opt.current_lr()}}).dump() << "\n";
+      window = 0, window_n = 0;
+    }
+  }
+  progress.finish();
+  model->eval();
+  save_model(*model, cfg.output, {{"emoe_pretrain", cfg.arch}});
+  write_text_atomic((fs::path(cfg.output) / "pretrain_config.json").string(), cfg.to_json().dump(2) + "\n");
+  res.dir = cfg.output;
+  res.steps = cfg.steps;
+  res.parameters = count_parameters(*model).total;
+  res.vocab_size = tok->vocab_size();
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::info("pretrain: {} steps in {:.1f} s, loss {:.3f} -> {:.3f}; saved {}", res.steps, res.seconds,
+               res.first_loss, res.final_loss, res.dir);
+  return res;
+}
+
+}  // namespace emoe
