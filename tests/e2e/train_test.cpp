@@ -135,3 +135,19 @@ TEST(TrainE2E, InstructionTuningWithMmluScoring) {
   EXPECT_GE(acc, 0.0);
   EXPECT_LE(acc, 100.0);
 }
+
+// A run that diverges stops with a clear message before NaN reaches the weights or a checkpoint.
+TEST(Train, DivergenceStopsCleanlyAndCheckpointsStayFinite) {
+  EMOE_REQUIRE_SHARED(stories, "models/stories260K/hf");
+  emoe::test::TempDir tmp;
+  auto cfg = tiny_run(stories, "full", tmp.file("run"), {"train.lr=1e12", "train.save_every=1", "train.grad_clip=0"});
+  try {
+    emoe::run_training(cfg, false);
+    FAIL() << "a learning rate of 1e12 trained without diverging";
+  } catch (const emoe::RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("non-finite"), std::string::npos) << e.what();
+  }
+  if (fs::exists(tmp.file("run/checkpoints/latest")))
+    for (const auto& [name, t] : checkpoint_weights(tmp.file("run")))
+      EXPECT_TRUE(torch::isfinite(t).all().item<bool>()) << name;
+}

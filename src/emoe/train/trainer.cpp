@@ -334,7 +334,13 @@ TrainResult run_training(const RunConfig& config, bool resume) {
       tokens_acc += in.attention_mask.sum().item<int64_t>();
       const bool boundary = (b + 1) % o.grad_accum == 0 || b + 1 == batches_per_epoch;
       if (!boundary) continue;
-      if (o.grad_clip > 0) torch::nn::utils::clip_grad_norm_(opt.parameters(), o.grad_clip);
+      if (o.grad_clip > 0) {
+        const double norm = torch::nn::utils::clip_grad_norm_(opt.parameters(), o.grad_clip);
+        // stop before the optimiser writes NaN into the weights (and into a checkpoint)
+        EMOE_CHECK(std::isfinite(norm), RuntimeError,
+                   "non-finite gradient norm at step {} (epoch {}, batch {}); lower the learning rate", st.step,
+                   epoch + 1, b);
+      }
       opt.set_lr_factor(schedule_factor(o.schedule, st.step, total_steps, warmup));
       const double lr = opt.current_lr();
       opt.step();
