@@ -15,7 +15,6 @@ PACKAGES=(
   libsentencepiece-dev                  # SentencePiece tokenizer.model (Llama, T5)
   libutf8proc-dev                       # Unicode normalisation/categories for WordPiece and BPE
   libgtest-dev libgmock-dev             # tests
-  libbenchmark-dev                      # benchmarks
   liblemon-dev                          # exact min-cost flow for balanced k-means
   libmetis-dev                          # balanced graph partitioning (co-activation split)
   libcairo2-dev fonts-dejavu-core       # PNG figures (usage heatmaps) and their text

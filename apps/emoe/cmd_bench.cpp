@@ -178,7 +178,7 @@ void run_bench(const BenchArgs& a) {
                "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : rows) {
     double step = r["train_step_ms"].get<double>();
-    std::cout << fmt::format("| {} | {} | {} | {:.3f} | {:.4f} | {:.4f} | {:.1f} | {} | {:.0f} | {:.1f} | {:.0f} | {:.0f} |\n",
+    std::cout << fmt::format("| {} | {} | {} | {:.3f} | {:.4g} | {:.4g} | {:.1f} | {} | {:.0f} | {:.1f} | {:.0f} | {:.0f} |\n",
                              r["method"].get<std::string>(), r["parameters"].get<int64_t>(),
                              r["trainable"].get<int64_t>(),
                              100.0 * r["trainable"].get<double>() / r["parameters"].get<double>(),

@@ -84,8 +84,8 @@ void register_convert(CLI::App& app) {
   cmd->add_option("MODEL_DIR", a->model_dir, "Dense model folder")->required();
   cmd->add_option("-o,--output", a->out, "Output folder (config, safetensors, moe.json, tokenizer)")->required();
   cmd->add_option("--method", a->method, "emoe, emoe-learn, gmoe or moefication")->capture_default_str();
-  cmd->add_option("--experts,-N", a->experts, "Experts per layer (default: 64; GMoE 8)");
-  cmd->add_option("--topk,-k", a->topk, "Experts per token (default: N/4; GMoE 2)");
+  cmd->add_option("--experts,-N", a->experts, "Experts per layer (default: 64; GMoE 8)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--topk,-k", a->topk, "Experts per token (default: N/4; GMoE 2)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--layers", a->layers, "Layers, e.g. 8,10 or 8-11 or all (default: every other of the last four)");
   cmd->add_option("--split", a->split, "balanced-kmeans, random, contiguous or coactivation")->capture_default_str();
   cmd->add_option("--seed", a->seed, "Seed of the split")->capture_default_str();

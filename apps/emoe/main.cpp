@@ -2,6 +2,8 @@
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 
+#include <fmt/format.h>
+
 #include <iostream>
 
 #include "commands.h"
@@ -36,10 +38,22 @@ int main(int argc, char** argv) {
   emoe::cli::register_pretrain(app);
   emoe::cli::register_demo(app);
   try {
+    std::vector<std::string> names;
+    bool known = false;
+    for (auto* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      names.push_back(sub->get_name());
+      known = known || (argc > 1 && sub->check_name(argv[1]));
+    }
+    if (argc > 1 && argv[1][0] != '-' && !known) {
+      std::cerr << "emoe: error: unknown command '" << argv[1] << "' (commands: " << fmt::format("{}", fmt::join(names, ", "))
+                << ")\n";
+      return 2;
+    }
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::cerr << "emoe: error: " << e.what() << " (see emoe " << (argc > 1 ? argv[1] : "") << " --help)\n";
+    return 2;
   } catch (const emoe::InputError& e) {
     std::cerr << "emoe: error: " << e.what() << "\n";
     return 2;

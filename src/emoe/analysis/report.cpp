@@ -162,9 +162,13 @@ AnalysisOutput analyze_run(const std::string& run_dir, const std::string& out_di
   }
   if (!moe.empty()) {
     md << "## Split\n\n| layer | split | experts x size | inertia | random-split inertia |\n|---|---|---|---|---|\n";
-    for (const auto& [l, r] : moe.splits)
-      md << fmt::format("| {} | {} | {} x {} | {:.3f} | {:.3f} |\n", l, r.method, moe.config.experts,
-                        r.cluster_sizes.empty() ? 0 : r.cluster_sizes[0], r.inertia, r.random_inertia);
+    for (const auto& [l, r] : moe.splits) {
+      if (r.cluster_sizes.empty())  // GMoE: copies of the whole FFN, nothing was clustered
+        md << fmt::format("| {} | {} | {} copies of the FFN | - | - |\n", l, r.method, moe.config.experts);
+      else
+        md << fmt::format("| {} | {} | {} x {} | {:.3f} | {:.3f} |\n", l, r.method, moe.config.experts,
+                          r.cluster_sizes[0], r.inertia, r.random_inertia);
+    }
     md << "\n";
   }
   md << "## Load balance\n\nEntropy of the selection distribution (bits; ratio to log2 N, 1 = uniform), "

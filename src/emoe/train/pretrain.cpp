@@ -74,13 +74,8 @@ void PretrainConfig::validate() const {
 }
 
 PretrainConfig load_pretrain_config(const std::string& path, const std::vector<std::string>& overrides) {
-  nlohmann::json j = nlohmann::json::object();
   std::string where = "pretrain config";
-  if (!path.empty()) {
-    j = load_yaml_file(path);
-    where = path;
-  }
-  apply_overrides(j, overrides);
+  auto j = load_layered_config(path, overrides, where);
   auto c = PretrainConfig::from_json(j, where);
   c.validate();
   return c;

@@ -364,14 +364,20 @@ nlohmann::json load_yaml_file(const std::string& path) {
   return j;
 }
 
-RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+nlohmann::json load_layered_config(const std::string& path, const std::vector<std::string>& overrides,
+                                   std::string& where) {
   nlohmann::json j = nlohmann::json::object();
-  std::string where = "run config";
   if (!path.empty()) {
     j = load_yaml_file(path);
     where = path;
   }
   apply_overrides(j, overrides);
+  return j;
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::string where = "run config";
+  auto j = load_layered_config(path, overrides, where);
   RunConfig c = RunConfig::from_json(j, where);
   c.validate();
   return c;

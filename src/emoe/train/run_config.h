@@ -94,6 +94,9 @@ struct RunConfig {
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // A YAML (or JSON) file as JSON, scalars typed as YAML reads them (InputError naming the file).
 nlohmann::json load_yaml_file(const std::string& path);
+// The YAML file (or {} without a path) with the overrides applied; `where` becomes the path.
+nlohmann::json load_layered_config(const std::string& path, const std::vector<std::string>& overrides,
+                                   std::string& where);
 
 // Applies overrides to a JSON config (dotted keys; values parsed as YAML scalars/lists).
 void apply_overrides(nlohmann::json& j, const std::vector<std::string>& overrides);

@@ -243,9 +243,6 @@ TrainResult run_training(const RunConfig& config, bool resume) {
   c.device = parse_device(c.cfg.device);
   configure_threads(c.cfg.threads);
   const auto& o = c.cfg.train;
-  std::error_code ec;
-  fs::create_directories(c.dir, ec);
-  EMOE_CHECK(!ec, RuntimeError, "{}: cannot create the run folder: {}", c.dir, ec.message());
   const bool has_checkpoint = !latest_checkpoint(c.dir).empty();
   EMOE_CHECK(resume || !has_checkpoint, UsageError,
              "{}: already holds a run (checkpoints/); pass --resume to continue it or choose "
@@ -259,12 +256,17 @@ TrainResult run_training(const RunConfig& config, bool resume) {
                "{}: --resume needs the run's own config; config.json differs from the one given",
                c.dir);
   }
-  write_text_atomic((fs::path(c.dir) / "config.json").string(), c.cfg.to_json().dump(2) + "\n");
 
+  // tokenizer, data and model are checked before the run folder is written: bad input leaves
+  // nothing behind
   torch::manual_seed(static_cast<uint64_t>(o.seed));
   c.tok = load_tokenizer(c.cfg.model);
   setup_data(c);
   setup_model(c);
+  std::error_code ec;
+  fs::create_directories(c.dir, ec);
+  EMOE_CHECK(!ec, RuntimeError, "{}: cannot create the run folder: {}", c.dir, ec.message());
+  write_text_atomic((fs::path(c.dir) / "config.json").string(), c.cfg.to_json().dump(2) + "\n");
   const auto& s = c.model->summary();
   c.pad_id = c.tok->special().pad.value_or(s.pad_token_id.value_or(s.eos_token_id.value_or(0)));
 

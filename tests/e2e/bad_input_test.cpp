@@ -1,0 +1,143 @@
+// The bad-input matrix of docs/errors.md: every row is run as written there. Each must exit with
+// code 2, print exactly one line `emoe: error: ...` containing the row's text, and leave no `-o`
+// target behind that was not there before.
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "support/test_support.h"
+
+namespace fs = std::filesystem;
+using emoe::test::run_emoe;
+
+namespace {
+
+struct ErrorRow {
+  std::string id, command, expected;
+};
+
+std::vector<ErrorRow> read_error_table(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<ErrorRow> rows;
+  std::string line;
+  const std::regex row(R"(^\| (\d+) \|[^|]*\|[^|]*\| `(.+)` \| `(.+)` \|$)");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_match(line, m, row)) rows.push_back({m[1], m[2], m[3]});
+  }
+  return rows;
+}
+
+std::string bad_slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void bad_write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+// Rewrites a safetensors header (the data stays as it is).
+void edit_header(const std::string& path, const std::function<void(nlohmann::json&)>& edit) {
+  std::string f = bad_slurp(path);
+  uint64_t n = 0;
+  std::memcpy(&n, f.data(), 8);
+  auto h = nlohmann::json::parse(f.substr(8, n));
+  edit(h);
+  std::string hb = h.dump();
+  hb.append((8 - hb.size() % 8) % 8, ' ');
+  uint64_t m = hb.size();
+  std::string out(reinterpret_cast<const char*>(&m), 8);
+  bad_write(path, out + hb + f.substr(8 + n));
+}
+
+void edit_config(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
+  auto j = nlohmann::json::parse(bad_slurp(dir + "/config.json"));
+  edit(j);
+  bad_write(dir + "/config.json", j.dump());
+}
+
+void make_fixtures(const std::string& t, const std::string& bert) {
+  auto copy = [&](const std::string& name) {
+    fs::copy(bert, t + "/" + name, fs::copy_options::recursive);
+    return t + "/" + name;
+  };
+  fs::create_directories(t + "/noconfig");
+  fs::copy(bert + "/model.safetensors", t + "/noconfig/model.safetensors");
+  bad_write(copy("badjson") + "/config.json", "{not json");
+  edit_config(copy("wrongtype"), [](nlohmann::json& j) { j["num_hidden_layers"] = "four"; });
+  fs::resize_file(copy("trunc") + "/model.safetensors", 1000);
+  fs::create_directories(t + "/pickle");
+  fs::copy(bert + "/config.json", t + "/pickle/config.json");
+  bad_write(t + "/pickle/pytorch_model.bin", "x");
+  edit_config(copy("wrongshape"), [](nlohmann::json& j) { j["intermediate_size"] = 2 * j["intermediate_size"].get<int>(); });
+  edit_header(copy("unkdtype") + "/model.safetensors", [](nlohmann::json& h) { h["bert.embeddings.LayerNorm.bias"]["dtype"] = "Q7"; });
+  edit_header(copy("overlap") + "/model.safetensors", [](nlohmann::json& h) {
+    auto& a = h["bert.embeddings.LayerNorm.weight"]["data_offsets"];
+    auto& b = h["bert.embeddings.LayerNorm.bias"]["data_offsets"];
+    const auto len = b[1].get<int64_t>() - b[0].get<int64_t>();
+    b = {a[0].get<int64_t>(), a[0].get<int64_t>() + len};
+  });
+  edit_header(copy("missingtensor") + "/model.safetensors", [](nlohmann::json& h) { h.erase("bert.embeddings.LayerNorm.bias"); });
+  {
+    auto p = copy("hdrjson") + "/model.safetensors";
+    std::string f = bad_slurp(p);
+    f[8] = '#';
+    bad_write(p, f);
+  }
+  bad_write(t + "/bad.yaml", "model: [unclosed\n");
+  bad_write(t + "/unk.yaml", "model: m\ntask: sst2\nmethd: full\n");
+  bad_write(t + "/type.yaml", "model: m\ntask: sst2\ntrain: {lr: abc}\n");
+  bad_write(t + "/corpus.txt", "the cat sat on the mat .\n");
+  bad_write(t + "/badlabel.tsv", "sentence\tlabel\ngood\t1\nbad\t7\n");
+  bad_write(t + "/nocol.tsv", "text\tlabel\ngood\t1\n");
+  bad_write(t + "/bad_alpaca.json", "[{\"instruction\": \"x\", \"output\": \n");
+  fs::create_directories(t + "/notok");
+  fs::copy(bert + "/config.json", t + "/notok/config.json");
+  fs::create_directories(t + "/badvocab");
+  bad_write(t + "/badvocab/vocab.json", "{\"a\": 1, \n");
+  bad_write(t + "/badvocab/merges.txt", "#version: 0.2\n");
+  fs::create_directories(t + "/badtokjson");
+  bad_write(t + "/badtokjson/tokenizer.json", R"({"model": {"type": "WordPiece", "vocab": 5}})");
+  fs::create_directories(t + "/run");
+  bad_write(t + "/run/config.json", R"({"train": {}})");
+}
+
+std::string substitute(std::string s, const std::map<std::string, std::string>& vars) {
+  for (const auto& [k, v] : vars)
+    for (size_t p; (p = s.find(k)) != std::string::npos;) s.replace(p, k.size(), v);
+  return s;
+}
+
+}  // namespace
+
+TEST(BadInput, EveryRowOfDocsErrorsMd) {
+  EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
+  EMOE_REQUIRE_SHARED(stories, "models/stories260K/hf");
+  EMOE_REQUIRE_SHARED(data, "data");
+  const auto rows = read_error_table(emoe::test::source_dir() + "/docs/errors.md");
+  ASSERT_GE(rows.size(), 40u) << "docs/errors.md lists fewer than 40 cases";
+  emoe::test::TempDir tmp;
+  make_fixtures(tmp.path(), bert);
+  const std::map<std::string, std::string> vars = {
+      {"{tmp}", tmp.path()}, {"{bert}", bert}, {"{stories}", stories}, {"{data}", data}};
+  for (const auto& r : rows) {
+    SCOPED_TRACE("docs/errors.md case " + r.id + ": emoe " + r.command);
+    const std::string args = substitute(r.command, vars);
+    std::smatch m;
+    std::string target;
+    if (std::regex_search(args, m, std::regex(R"(-o (\S+))"))) target = m[1];
+    const bool existed = !target.empty() && fs::exists(target);
+    const auto before = existed && fs::is_directory(target) ? fs::last_write_time(target) : fs::file_time_type{};
+    auto res = run_emoe(args + " -q");  // -q: no progress log lines before the error
+    EXPECT_EQ(res.exit_code, 2) << res.err;
+    EXPECT_EQ(res.err.rfind("emoe: error: ", 0), 0u) << res.err;
+    EXPECT_EQ(std::count(res.err.begin(), res.err.end(), '\n'), 1) << "one line expected:\n" << res.err;
+    EXPECT_NE(res.err.find(r.expected), std::string::npos) << res.err;
+    if (!target.empty()) {
+      EXPECT_EQ(fs::exists(target), existed) << target << " was left behind";
+      if (existed && fs::is_directory(target)) EXPECT_EQ(fs::last_write_time(target), before) << target << " changed";
+    }
+  }
+}
