@@ -23,7 +23,7 @@ for method in emoe gmoe; do
 done
 $EMOE prune $RUNS/emoe --max-examples 500 -q > /dev/null
 cp $RUNS/emoe/prune.md $OUT/prune_emoe.md
-$EMOE bench $MODEL --methods dense,lora,ia3,emoe,emoe-dispatched,gmoe,mov,molora --batch 16 --seq 64 --steps 5 \
+$EMOE bench $MODEL --methods dense,lora,ia3,emoe,emoe-dispatched,gmoe,mov,molora --batch 16 --seq 64 --steps 20 \
   --json $OUT/efficiency.json -q > $OUT/efficiency.md
 python3 - "$RUNS" "$OUT" <<'PY'
 import json, sys, os

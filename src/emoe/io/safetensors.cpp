@@ -287,7 +287,7 @@ CheckpointReader::CheckpointReader(const std::string& dir_or_file) {
   source_ = find_weights(dir_or_file);
   fs::path src(source_);
   if (src.filename() == "model.safetensors.index.json" ||
-      src.string().size() > 11 && src.string().substr(src.string().size() - 11) == ".index.json") {
+      (src.string().size() > 11 && src.string().substr(src.string().size() - 11) == ".index.json")) {
     std::ifstream in(source_);
     EMOE_CHECK(in.good(), InputError, "{}: cannot open", source_);
     nlohmann::json index;
