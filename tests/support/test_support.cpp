@@ -11,6 +11,9 @@
 #include <random>
 #include <sstream>
 
+#include "emoe/io/hf_config.h"
+#include "emoe/models/loader.h"
+
 namespace emoe::test {
 namespace fs = std::filesystem;
 
@@ -86,6 +89,17 @@ double max_abs_diff_masked(const torch::Tensor& a, const torch::Tensor& b,
   auto sel = d.index({m});
   if (sel.numel() == 0) return 0.0;
   return sel.max().item<double>();
+}
+
+ModelPtr tiny_bert_classifier() {
+  nlohmann::json j = {{"model_type", "bert"}, {"hidden_size", 16}, {"intermediate_size", 32},
+                      {"num_hidden_layers", 2}, {"num_attention_heads", 2}, {"vocab_size", 50},
+                      {"max_position_embeddings", 32}};
+  torch::manual_seed(0);
+  auto m = emoe::create_model(emoe::JsonFields(j, "config.json"), emoe::Head::kSequenceClassification, 2);
+  torch::NoGradGuard g;
+  for (auto& p : m->parameters()) p.normal_(0, 0.3);
+  return m;
 }
 
 }  // namespace emoe::test

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "emoe/models/model.h"
+
 namespace emoe::test {
 
 // Tolerance against the Hugging Face reference outputs (fixtures/README.md advises 1e-4).
@@ -37,6 +39,9 @@ struct CommandResult {
 };
 // Runs `emoe <args>` through the shell (args are passed verbatim), capturing both streams.
 CommandResult run_emoe(const std::string& args, const std::string& stdin_text = "");
+
+// A seeded 2-layer BERT sequence classifier (hidden 16, d_ff 32, 2 labels) with N(0, 0.3) weights.
+ModelPtr tiny_bert_classifier();
 
 // Max |a - b| over elements (after broadcasting), as a double.
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b);

@@ -22,16 +22,7 @@ emoe::ModelPtr tiny_llama() {
   return emoe::create_model(emoe::JsonFields(j, "config.json"), emoe::Head::kCausalLM);
 }
 
-emoe::ModelPtr tiny_bert() {
-  nlohmann::json j = {{"model_type", "bert"}, {"hidden_size", 16}, {"intermediate_size", 32},
-                      {"num_hidden_layers", 2}, {"num_attention_heads", 2}, {"vocab_size", 50},
-                      {"max_position_embeddings", 32}};
-  torch::manual_seed(0);
-  auto m = emoe::create_model(emoe::JsonFields(j, "config.json"), emoe::Head::kSequenceClassification, 2);
-  torch::NoGradGuard g;
-  for (auto& p : m->parameters()) p.normal_(0, 0.3);
-  return m;
-}
+emoe::ModelPtr tiny_bert() { return emoe::test::tiny_bert_classifier(); }
 
 }  // namespace
 
