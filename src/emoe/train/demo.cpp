@@ -25,11 +25,6 @@ namespace {
 
 constexpr const char* kDemoMarker = ".emoe-demo";
 
-// Methods that train few parameters get a larger learning rate.
-bool demo_is_adapter(const std::string& m) {
-  return m == "lora" || m == "ia3" || m == "mov" || m == "molora" || m == "emoe+lora";
-}
-
 // The output folder is the demo's own: a previous demo's results are replaced, anything else is
 // refused rather than deleted.
 void demo_prepare_output(const std::string& out) {
@@ -157,10 +152,11 @@ DemoResult run_demo(const DemoOptions& o) {
   for (const auto& method : o.methods) {
     nlohmann::json j = base;
     j["method"] = method;
-    const bool adapter = demo_is_adapter(method);
-    j["train"]["lr"] = builtin ? (adapter ? 3e-3 : 3e-4) : (adapter ? 1e-3 : 1e-4);
     j["output"] = (out / "runs" / method).string();
     auto cfg = RunConfig::from_json(j, "demo");
+    // methods that train only adapters (and the head) get a larger learning rate
+    const bool adapter = cfg.peft_method() != PeftMethod::kNone;
+    cfg.train.lr = builtin ? (adapter ? 3e-3 : 3e-4) : (adapter ? 1e-3 : 1e-4);
     cfg.validate();
     announce(fmt::format("fine-tuning {} (lr {:g})", method, cfg.train.lr));
     const auto r = run_training(cfg, false);
