@@ -304,7 +304,8 @@ TEST(PeftLora, ZeroBLeavesOutputsUnchangedAndMergeMatches) {
     auto m = peft_tiny_model(type, peft_default_head(type));
     auto names = emoe::apply_peft(*m, peft_config(PeftMethod::kLora));
     EXPECT_EQ(names.size(), type == "gpt2" ? 2u : 4u);
-    EXPECT_EQ(emoe::test::max_abs_diff(peft_run(*plain), peft_run(*m)), 0.0);
+    // not bitwise: the plain model fuses q, k, v into one GEMM, the adapted one cannot
+    EXPECT_LT(emoe::test::max_abs_diff(peft_run(*plain), peft_run(*m)), 1e-6);
     auto la = peft_adapters_of<emoe::LoraAdapter>(*m);
     {
       torch::NoGradGuard g;

@@ -67,7 +67,9 @@ FlopCount count_flops(const ModelSummary& s, const MethodCost& m, int64_t seq_le
   if (m.trainable_body && pm == PeftMethod::kNone) {
     trainable_weight_macs = L * proj + ffn + gate + head;
   } else {
-    trainable_weight_macs = adapters + head + (m.moe && m.moe_config.gate != GateKind::kAvgK ? gate : 0);
+    // a pretrained LM head stays frozen under PEFT; a new classification head trains
+    const double head_trains = s.head == Head::kSequenceClassification ? head : 0.0;
+    trainable_weight_macs = adapters + head_trains + (m.moe && m.moe_config.gate != GateKind::kAvgK ? gate : 0);
   }
   c.train_total = 2 * c.forward_total + trainable_weight_macs;
   return c;

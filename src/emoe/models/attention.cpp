@@ -5,6 +5,8 @@
 
 #include <limits>
 
+#include "emoe/models/dropout.h"
+
 namespace emoe {
 
 int64_t KvCache::length() const {
@@ -60,7 +62,7 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::
   auto acc = q.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
   auto p = torch::softmax(scores, -1, acc).to(q.scalar_type());
   if (probs) *probs = p;
-  if (training && dropout_p > 0) p = torch::dropout(p, dropout_p, true);
+  if (training && dropout_p > 0) p = emoe::dropout(p, dropout_p, true);
   return torch::matmul(p, vv);
 }
 

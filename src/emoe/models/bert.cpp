@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "emoe/core/error.h"
+#include "emoe/models/dropout.h"
 #include "emoe/models/linear.h"
 #include "emoe/models/norms.h"
 
@@ -84,17 +85,18 @@ class BertLayerImpl : public torch::nn::Module, public FfnSlot {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& block_mask,
                         const torch::Tensor& token_mask, torch::Tensor* probs) {
     const int64_t heads = c_.num_attention_heads;
-    auto q = split_heads(query_(x), heads);
-    auto k = split_heads(key_(x), heads);
-    auto v = split_heads(value_(x), heads);
+    auto qkv = fused_linear({query_.get(), key_.get(), value_.get()}, x);
+    auto q = split_heads(qkv[0], heads);
+    auto k = split_heads(qkv[1], heads);
+    auto v = split_heads(qkv[2], heads);
     double scale = 1.0 / std::sqrt(static_cast<double>(c_.hidden_size / heads));
     auto ctx = merge_heads(scaled_attention(q, k, v, block_mask, scale,
                                             c_.attention_probs_dropout_prob, is_training(), probs));
     auto a = attn_dense_(ctx);
-    a = torch::dropout(a, c_.hidden_dropout_prob, is_training());
+    a = emoe::dropout(a, c_.hidden_dropout_prob, is_training());
     auto h = attn_norm_(a + x);
     auto f = run_ffn(h, token_mask);
-    f = torch::dropout(f, c_.hidden_dropout_prob, is_training());
+    f = emoe::dropout(f, c_.hidden_dropout_prob, is_training());
     return out_norm_(f + h);
   }
 
@@ -207,7 +209,7 @@ class BertModelImpl : public PretrainedModelImpl {
                                              : torch::zeros({b, t}, ids_d.options());
     auto h = word_(ids_d) + type_(types) + pos_(pos);
     h = emb_norm_(h);
-    h = torch::dropout(h, c_.hidden_dropout_prob, is_training());
+    h = emoe::dropout(h, c_.hidden_dropout_prob, is_training());
     ModelOutputs out;
     if (in.output_hidden_states) out.hidden_states.push_back(h);
     auto block = build_block_mask(in.attention_mask, t, t, /*causal=*/false, dev);
@@ -222,7 +224,7 @@ class BertModelImpl : public PretrainedModelImpl {
     if (pooler_) out.pooler_output = torch::tanh(pooler_(h.select(1, 0)));
     if (head_ == Head::kSequenceClassification) {
       double p = c_.classifier_dropout.value_or(c_.hidden_dropout_prob);
-      out.logits = classifier_(torch::dropout(out.pooler_output, p, is_training()));
+      out.logits = classifier_(emoe::dropout(out.pooler_output, p, is_training()));
       if (in.labels.defined())
         out.loss = sequence_classification_loss(out.logits, in.labels, c_.num_labels, c_.problem_type);
     } else if (head_ == Head::kMaskedLM) {

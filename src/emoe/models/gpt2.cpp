@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "emoe/core/error.h"
+#include "emoe/models/dropout.h"
 #include "emoe/models/linear.h"
 #include "emoe/models/norms.h"
 
@@ -95,10 +96,10 @@ class Gpt2BlockImpl : public torch::nn::Module, public FfnSlot {
       kv->v = v;
     }
     auto a = merge_heads(scaled_attention(q, k, v, block_mask, scale_, c_.attn_pdrop, is_training(), probs));
-    a = torch::dropout(attn_proj_(a), c_.resid_pdrop, is_training());
+    a = emoe::dropout(attn_proj_(a), c_.resid_pdrop, is_training());
     auto r = x + a;
     auto f = run_ffn(ln_2_(r), token_mask);
-    return r + torch::dropout(f, c_.resid_pdrop, is_training());
+    return r + emoe::dropout(f, c_.resid_pdrop, is_training());
   }
 
   torch::Tensor ffn_hidden(const torch::Tensor& x) override { return activate(c_fc_(x), act_); }
@@ -190,7 +191,7 @@ class Gpt2ModelImpl : public PretrainedModelImpl {
     auto ids_d = ids.to(dev);
     auto pos = in.position_ids.defined() ? in.position_ids.to(dev)
                                          : default_position_ids({}, b, t, past, dev);
-    auto h = torch::dropout(wte_(ids_d) + wpe_(pos), c_.embd_pdrop, is_training());
+    auto h = emoe::dropout(wte_(ids_d) + wpe_(pos), c_.embd_pdrop, is_training());
     ModelOutputs out;
     if (in.cache && in.cache->layers.empty()) in.cache->layers.resize(blocks_.size());
     auto block = build_block_mask(in.attention_mask, t, past + t, /*causal=*/true, dev);

@@ -35,6 +35,27 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
 
 torch::Tensor LinearImpl::weight_out_in() const { return options_.transposed ? weight.t() : weight; }
 
+std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers, const torch::Tensor& x) {
+  bool fusable = layers.size() > 1;
+  for (auto* l : layers)
+    fusable = fusable && !l->adapter() && !l->options().transposed &&
+              l->bias.defined() == layers[0]->bias.defined();
+  std::vector<torch::Tensor> out;
+  if (!fusable) {
+    for (auto* l : layers) out.push_back(l->forward(x));
+    return out;
+  }
+  std::vector<torch::Tensor> weights, biases;
+  std::vector<int64_t> sizes;
+  for (auto* l : layers) {
+    weights.push_back(l->weight);
+    if (l->bias.defined()) biases.push_back(l->bias);
+    sizes.push_back(l->options().out);
+  }
+  auto y = torch::linear(x, torch::cat(weights, 0), biases.empty() ? torch::Tensor() : torch::cat(biases, 0));
+  return y.split_with_sizes(sizes, -1);
+}
+
 void LinearImpl::set_adapter(std::shared_ptr<LinearAdapter> adapter) {
   if (adapter_) {
     for (const auto& child : adapter_->named_children()) unregister_module(child.key());

@@ -4,6 +4,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <memory>
+#include <vector>
 
 namespace emoe {
 
@@ -48,5 +49,10 @@ class LinearImpl : public torch::nn::Module {
   std::shared_ptr<LinearAdapter> adapter_;
 };
 TORCH_MODULE(Linear);
+
+// The outputs of several Linear layers reading the same input (q, k, v): one GEMM over the
+// concatenated weights when none carries an adapter (fewer, larger matrix multiplies), else
+// each layer's own forward. The results are views into one buffer in the fused case.
+std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers, const torch::Tensor& x);
 
 }  // namespace emoe

@@ -99,9 +99,10 @@ class LlamaLayerImpl : public torch::nn::Module, public FfnSlot {
                         const torch::Tensor& block_mask, const torch::Tensor& token_mask,
                         LayerKv* kv, torch::Tensor* probs) {
     auto h = in_norm_(x);
-    auto q = apply_rope(split_heads(q_(h), c_.num_attention_heads), cos, sin);
-    auto k = apply_rope(split_heads(k_(h), c_.num_key_value_heads), cos, sin);
-    auto v = split_heads(v_(h), c_.num_key_value_heads);
+    auto qkv = fused_linear({q_.get(), k_.get(), v_.get()}, h);
+    auto q = apply_rope(split_heads(qkv[0], c_.num_attention_heads), cos, sin);
+    auto k = apply_rope(split_heads(qkv[1], c_.num_key_value_heads), cos, sin);
+    auto v = split_heads(qkv[2], c_.num_key_value_heads);
     if (kv) {
       if (kv->k.defined()) {
         k = torch::cat({kv->k, k}, 2);

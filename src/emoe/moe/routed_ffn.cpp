@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include "emoe/core/error.h"
+#include "emoe/models/dropout.h"
+#include "emoe/moe/segment_linear.h"
 
 namespace emoe {
 
@@ -21,7 +23,10 @@ torch::Tensor RoutedFfnImpl::take_usage(bool training) {
 
 torch::Tensor RoutedFfnImpl::run(const torch::Tensor& x, const torch::Tensor& token_mask,
                                  FfnSlot& slot) {
-  if (dense_override_) return slot.dense_ffn(x);
+  if (dense_override_) {
+    aux_loss_ = torch::Tensor();  // no routing this forward: no stale balance loss either
+    return slot.dense_ffn(x);
+  }
   const auto sizes = x.sizes().vec();
   const int64_t d = x.size(-1);
   auto flat = x.reshape({-1, d});
@@ -68,7 +73,7 @@ torch::Tensor ffn_math(const torch::Tensor& x, const torch::Tensor& w_in, const 
                        const torch::Tensor& b_out, Activation act, double preact_dropout,
                        bool training) {
   auto pre = torch::linear(x, w_in, b_in);
-  if (preact_dropout > 0) pre = torch::dropout(pre, preact_dropout, training);
+  if (preact_dropout > 0) pre = emoe::dropout(pre, preact_dropout, training);
   auto h = activate(pre, act);
   if (w_up.defined()) h = h * torch::linear(x, w_up);
   return torch::linear(h, w_out, b_out);
@@ -92,7 +97,7 @@ torch::Tensor ExpertFfnImpl::compute_masked(const torch::Tensor& x, const Routin
   torch::Tensor h;
   if (cfg_.preact_dropout > 0 && is_training()) {
     auto v = slot.ffn_view();
-    auto pre = torch::dropout(torch::linear(x, v.w_in, v.b_in), cfg_.preact_dropout, true);
+    auto pre = emoe::dropout(torch::linear(x, v.w_in, v.b_in), cfg_.preact_dropout, true);
     h = activate(pre, v.act);
     if (v.gated()) h = h * torch::linear(x, v.w_up);
   } else {
@@ -108,7 +113,6 @@ torch::Tensor ExpertFfnImpl::compute_dispatched(const torch::Tensor& x, const Ro
                                                 FfnSlot& slot) {
   auto v = slot.ffn_view();
   const int64_t n = x.size(0), d = x.size(1), e = cfg_.experts, k = r.experts.size(1);
-  const int64_t s = v.d_ff() / e;
   // Kept (token, choice) pairs sorted by expert: expert j owns one contiguous segment, so every
   // expert is one GEMM over exactly its tokens (no padding to a common capacity).
   auto flat_e = r.experts.reshape({-1});
@@ -125,36 +129,22 @@ torch::Tensor ExpertFfnImpl::compute_dispatched(const torch::Tensor& x, const Ro
   // EMoE's pure mask has unit weights: skip the multiply
   auto weights = cfg_.weighted ? flat_w.index_select(0, order).to(x.scalar_type()).unsqueeze(1)
                                : torch::Tensor();
-  auto counts = torch::zeros({e}, flat_e.options())
-                    .index_add_(0, flat_e, torch::ones_like(flat_e))
-                    .to(torch::kCPU);  // the one host sync: segment sizes
-  const int64_t* cnt = counts.data_ptr<int64_t>();
-  auto xs = torch::embedding(x, tokens);  // [M, d] gathered rows (a fast, parallel gather)
-  // Per-expert weight slices through unbind: its backward stacks the slice gradients once,
-  // where narrow() would materialise a full-size gradient per expert.
-  auto w_in = v.w_in.reshape({e, s, d}).unbind(0);
-  auto w_up = v.gated() ? v.w_up.reshape({e, s, d}).unbind(0) : std::vector<torch::Tensor>();
-  auto b_in = v.b_in.defined() ? v.b_in.reshape({e, s}).unbind(0) : std::vector<torch::Tensor>();
-  auto w_out = v.w_out.reshape({d, e, s}).unbind(1);
-  // split_with_sizes, not narrow, for the same reason: one concatenation in backward
-  auto segments = xs.split_with_sizes(c10::IntArrayRef(cnt, e));
-  auto token_segments = tokens.split_with_sizes(c10::IntArrayRef(cnt, e));
-  auto weight_segments = weights.defined() ? weights.split_with_sizes(c10::IntArrayRef(cnt, e))
-                                           : std::vector<torch::Tensor>();
-  // Each expert adds its rows into the output in place (no concatenated [M, d] buffer); the
-  // backward of index_add_ gathers just those rows.
-  auto out = torch::zeros({n, d}, x.options());
-  for (int64_t j = 0; j < e; ++j) {
-    if (cnt[j] == 0) continue;
-    const auto& xj = segments[j];
-    auto pre = torch::linear(xj, w_in[j], b_in.empty() ? torch::Tensor() : b_in[j]);
-    if (cfg_.preact_dropout > 0) pre = torch::dropout(pre, cfg_.preact_dropout, is_training());
-    auto h = activate(pre, v.act);
-    if (v.gated()) h = h * torch::linear(xj, w_up[j]);
-    auto y = torch::linear(h, w_out[j]);
-    if (weights.defined()) y = y * weight_segments[j];
-    out.index_add_(0, token_segments[j], y);
-  }
+  auto counts_t = torch::zeros({e}, flat_e.options())
+                      .index_add_(0, flat_e, torch::ones_like(flat_e))
+                      .to(torch::kCPU);  // the one host sync: segment sizes
+  std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + e);
+  // Rows gathered in expert order; each expert is one GEMM over its segment against its block
+  // of the shared weights (segment_linear: no weight slices stacked or copied). The activation,
+  // dropout and gating run once over all segments.
+  auto xs = x.index_select(0, tokens);  // [M, d]
+  auto pre = segment_linear(xs, v.w_in, v.b_in, counts, 0);  // [M, s]
+  if (cfg_.preact_dropout > 0) pre = emoe::dropout(pre, cfg_.preact_dropout, is_training());
+  auto h = activate(pre, v.act);
+  if (v.gated()) h = h * segment_linear(xs, v.w_up, torch::Tensor(), counts, 0);
+  auto y = segment_linear(h, v.w_out, torch::Tensor(), counts, 1);  // [M, d]
+  if (weights.defined()) y = y * weights;
+  // (under autocast y may be bfloat16: it is accumulated in the output's float32)
+  auto out = torch::zeros({n, d}, x.options()).index_add(0, tokens, y.to(x.scalar_type()));
   if (v.b_out.defined()) out = out + v.b_out;
   return out;
 }
@@ -206,7 +196,7 @@ torch::Tensor UpcycledFfnImpl::compute(const torch::Tensor& x, const Routing& r,
     if (sel.numel() == 0) continue;
     auto tok = flat_t.index_select(0, sel);
     auto w = flat_w.index_select(0, sel).to(x.scalar_type()).unsqueeze(1);
-    out = out.index_add(0, tok, expert_forward(j, x.index_select(0, tok), slot) * w);
+    out = out.index_add(0, tok, (expert_forward(j, x.index_select(0, tok), slot) * w).to(out.scalar_type()));
   }
   return out;
 }

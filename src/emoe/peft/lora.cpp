@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "emoe/core/error.h"
+#include "emoe/models/dropout.h"
 
 namespace emoe {
 
@@ -26,7 +27,7 @@ torch::Tensor LoraAdapter::adapt(const torch::Tensor& x, LinearImpl& base) {
   // The adapter itself is not a child of the model (only its parts are), so the layer's
   // train/eval flag is the one that counts.
   auto h =
-      options_.dropout > 0 && base.is_training() ? torch::dropout(x, options_.dropout, true) : x;
+      options_.dropout > 0 && base.is_training() ? emoe::dropout(x, options_.dropout, true) : x;
   return y + torch::linear(torch::linear(h, lora_a->weight), lora_b->weight) * scaling();
 }
 

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "emoe/core/error.h"
+#include "emoe/models/dropout.h"
 #include "emoe/moe/balance.h"
 
 namespace emoe {
@@ -40,7 +41,7 @@ torch::Tensor MoloraAdapter::adapt(const torch::Tensor& x, LinearImpl& base) {
                   options_.balance_weight;
   }
   mass.add(w, training);
-  auto h = options_.dropout > 0 && training ? torch::dropout(x, options_.dropout, true) : x;
+  auto h = options_.dropout > 0 && training ? emoe::dropout(x, options_.dropout, true) : x;
   auto ranks = torch::linear(h, molora_A);  // [.., E·r]
   ranks = ranks * w.repeat_interleave(options_.r, -1).to(ranks.scalar_type());
   return y + torch::linear(ranks, molora_B) * scaling();

@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <ATen/Parallel.h>
+
 #include <cmath>
 
 #include "emoe/core/error.h"
@@ -79,6 +81,83 @@ void Optimizer::set_lr_factor(double factor) {
 
 double Optimizer::current_lr() const {
   return static_cast<const torch::optim::AdamWOptions&>(adamw_->param_groups()[0].options()).lr();
+}
+
+namespace {
+
+// One pass of AdamW over n contiguous floats: p, its gradient g and the moments m, v.
+__attribute__((optimize("no-math-errno"))) void adamw_kernel(float* p, const float* g, float* m,
+                                                             float* v, int64_t n, float decay_factor,
+                                                             float beta1, float beta2, float sqrt_bc2,
+                                                             float eps, float step_size) {
+  at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
+    const float one_minus_b1 = 1.0f - beta1, one_minus_b2 = 1.0f - beta2;
+    for (int64_t i = begin; i < end; ++i) {
+      const float gi = g[i];
+      const float mi = m[i] * beta1 + gi * one_minus_b1;
+      const float vi = v[i] * beta2 + gi * gi * one_minus_b2;
+      m[i] = mi;
+      v[i] = vi;
+      const float denom = std::sqrt(vi) / sqrt_bc2 + eps;
+      p[i] = p[i] * decay_factor - step_size * (mi / denom);
+    }
+  });
+}
+
+}  // namespace
+
+void Optimizer::step() {
+  torch::NoGradGuard no_grad;
+  auto& states = adamw_->state();
+  for (auto& group : adamw_->param_groups()) {
+    auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
+    EMOE_CHECK(!o.amsgrad(), UsageError, "AdamW: amsgrad is not supported");
+    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      const auto& grad = p.grad();
+      const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      auto it = states.find(key);
+      if (it == states.end()) {
+        auto st = std::make_unique<torch::optim::AdamWParamState>();
+        st->step(0);
+        st->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        st->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        states[key] = std::move(st);
+        it = states.find(key);
+      }
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      st.step(st.step() + 1);
+      const double bc1 = 1 - std::pow(beta1, static_cast<double>(st.step()));
+      const double bc2 = 1 - std::pow(beta2, static_cast<double>(st.step()));
+      const double step_size = o.lr() / bc1;
+      const double decay_factor = 1 - o.lr() * o.weight_decay();
+      auto& m = st.exp_avg();
+      auto& v = st.exp_avg_sq();
+      const bool fused = p.device().is_cpu() && p.scalar_type() == torch::kFloat &&
+                         grad.scalar_type() == torch::kFloat && !grad.is_sparse() && p.is_contiguous() &&
+                         grad.is_contiguous() && m.is_contiguous() && v.is_contiguous();
+      if (fused) {
+        adamw_kernel(p.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(),
+                     v.data_ptr<float>(), p.numel(), static_cast<float>(decay_factor),
+                     static_cast<float>(beta1), static_cast<float>(beta2),
+                     static_cast<float>(std::sqrt(bc2)), static_cast<float>(o.eps()),
+                     static_cast<float>(step_size));
+        continue;
+      }
+      if (o.weight_decay() != 0) p.mul_(decay_factor);
+      m.mul_(beta1).add_(grad, 1 - beta1);
+      v.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+      auto denom = (v.sqrt() / std::sqrt(bc2)).add_(o.eps());
+      p.addcdiv_(m, denom, -step_size);
+    }
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (auto& group : adamw_->param_groups())
+    for (auto& p : group.params())
+      if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
 }
 
 std::vector<torch::Tensor> Optimizer::parameters() const {

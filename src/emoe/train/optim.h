@@ -26,8 +26,12 @@ class Optimizer {
   // Sets every group's lr to base_lr * factor.
   void set_lr_factor(double factor);
   double current_lr() const;  // lr of the first group
-  void step() { adamw_->step(); }
-  void zero_grad() { adamw_->zero_grad(); }
+  // AdamW as torch::optim::AdamW computes it (decoupled decay first, bias-corrected moments),
+  // on its state (checkpoints stay torch::save'able). Contiguous float32 CPU parameters take a
+  // fused single-pass kernel; others the same formula in tensor operations.
+  void step();
+  // Drops the gradients (set to none: the next backward writes fresh ones without a fill pass).
+  void zero_grad();
   torch::optim::AdamW& adamw() { return *adamw_; }
   const std::vector<ParamGroupInfo>& groups() const { return groups_; }
   // Every trainable parameter in group order (for clipping and checkpoints).

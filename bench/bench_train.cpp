@@ -1,0 +1,347 @@
+// Benchmark: training-step and inference throughput of emoe's methods on two model shapes with
+// random weights — BERT-base (12 layers, hidden 768, FFN 3072, batch 16 x 128, sequence
+// classification) and a Llama-style decoder (8 layers, hidden 512, FFN 1376, vocab 32000,
+// batch 8 x 256, causal LM) — with model-FLOP utilisation against the GEMM peak measured in the
+// same run, and the peak memory of each method (each measured in a fresh process).
+//
+// Usage: bench_train [--models bert-base,llama-style] [--methods full,lora,...] [--steps N]
+//                    [--precision fp32|bf16|both] [--batch B --seq T] [--layers L]
+//                    [--device cpu|cuda] [--json FILE] [--markdown FILE]
+//   --batch/--seq/--layers shrink the shapes (for a quick check); the defaults are the issue's.
+//   bench_train --single MODEL METHOD PRECISION [--profile trace.json]: one measurement in this
+//   process; --profile also writes one step's autograd profile (scripts/profile_summary.py).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "bench_common.h"
+#include "emoe/analysis/flops.h"
+#include "emoe/core/error.h"
+#include "emoe/core/logging.h"
+#include "emoe/core/runtime.h"
+#include "emoe/io/atomic_file.h"
+#include "emoe/models/loader.h"
+#include "emoe/moe/convert.h"
+#include "emoe/train/method.h"
+#include "emoe/train/optim.h"
+#include "emoe/train/precision.h"
+#include "torch/csrc/autograd/profiler_legacy.h"
+
+namespace {
+
+using emoe::bench::seconds_since;
+
+struct Args {
+  std::string models = "bert-base,llama-style";
+  std::string methods = "full,lora,emoe,emoe-dispatched,gmoe,mov";
+  std::string precision = "fp32";
+  std::string device = "cpu";
+  std::string json_out, markdown_out, single_model, single_method, single_precision, profile;
+  int64_t steps = 3, batch = 0, seq = 0, layers = 0;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');)
+    if (!x.empty()) out.push_back(x);
+  return out;
+}
+
+struct Shape {
+  nlohmann::json config;
+  emoe::Head head;
+  int64_t batch, seq, experts, topk;
+};
+
+Shape model_shape(const std::string& name, const Args& a) {
+  Shape s;
+  if (name == "bert-base") {
+    s.config = {{"model_type", "bert"}, {"architectures", {"BertForSequenceClassification"}},
+                {"vocab_size", 30522}, {"hidden_size", 768}, {"num_hidden_layers", 12},
+                {"num_attention_heads", 12}, {"intermediate_size", 3072},
+                {"max_position_embeddings", 512}, {"type_vocab_size", 2}, {"hidden_act", "gelu"},
+                {"pad_token_id", 0}};
+    s.head = emoe::Head::kSequenceClassification;
+    s.batch = 16, s.seq = 128, s.experts = 64, s.topk = 16;
+  } else if (name == "llama-style") {
+    s.config = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}},
+                {"vocab_size", 32000}, {"hidden_size", 512}, {"num_hidden_layers", 8},
+                {"num_attention_heads", 8}, {"num_key_value_heads", 8}, {"intermediate_size", 1376},
+                {"max_position_embeddings", 2048}, {"hidden_act", "silu"}, {"rms_norm_eps", 1e-5},
+                {"bos_token_id", 1}, {"eos_token_id", 2}, {"tie_word_embeddings", false}};
+    s.head = emoe::Head::kCausalLM;
+    s.batch = 8, s.seq = 256, s.experts = 32, s.topk = 8;
+  } else {
+    EMOE_THROW(UsageError, "--models: unknown model '{}' (known: bert-base, llama-style)", name);
+  }
+  if (a.batch > 0) s.batch = a.batch;
+  if (a.seq > 0) s.seq = a.seq;
+  if (a.layers > 0) s.config["num_hidden_layers"] = a.layers;
+  return s;
+}
+
+// The run configuration of a method, every layer converted for the EMoE variants (the worst
+// case for the masked path and the stretch goal for the dispatched one); GMoE with its own
+// defaults (8 experts, top-2, every other layer among the last four).
+emoe::RunConfig method_config(const std::string& method, const Shape& s, int64_t layers) {
+  std::string m = method == "emoe-dispatched" ? "emoe" : method;
+  std::vector<std::string> sets = {"model=(random)", "task=sst2", "method=" + m};
+  if (m == "emoe" || m == "emoe+lora" || m == "emoe-learn") {
+    sets.push_back(fmt::format("moe.experts={}", s.experts));
+    sets.push_back(fmt::format("moe.topk={}", s.topk));
+    std::vector<int64_t> all(layers);
+    for (int64_t l = 0; l < layers; ++l) all[l] = l;
+    sets.push_back(fmt::format("moe.layers=[{}]", fmt::join(all, ",")));
+    sets.push_back("moe.kmeans={restarts: 1, max_iter: 20}");
+    sets.push_back(std::string("moe.execution=") + (method == "emoe-dispatched" ? "dispatched" : "masked"));
+  }
+  return emoe::load_run_config("", sets);
+}
+
+// One (model, method, precision) measured in this process; prints one "BENCH {json}" line.
+void measure_one(const Args& a) {
+  const auto dev = emoe::parse_device(a.device);
+  const Shape s = model_shape(a.single_model, a);
+  torch::manual_seed(0);
+  auto t_setup = std::chrono::steady_clock::now();
+  auto model = emoe::create_model(emoe::JsonFields(s.config, a.single_model), s.head,
+                                  s.head == emoe::Head::kSequenceClassification ? std::optional<int64_t>(2)
+                                                                                : std::nullopt);
+  const auto summary = model->summary();
+  auto cfg = method_config(a.single_method, s, summary.num_layers);
+  auto st = emoe::apply_method(*model, cfg, {});
+  model->to(dev);
+  const double setup_s = seconds_since(t_setup);
+  auto counts = emoe::count_parameters(*model);
+
+  emoe::MethodCost cost;
+  cost.name = a.single_method;
+  cost.moe = !st.moe.empty();
+  cost.moe_config = st.moe.config;
+  cost.moe_layers = static_cast<int64_t>(st.moe.splits.size());
+  cost.peft = st.peft;
+  cost.trainable_body = st.peft.method == emoe::PeftMethod::kNone;
+  auto flops = emoe::count_flops(summary, cost, s.seq);
+
+  emoe::ModelInputs in;
+  in.input_ids = torch::randint(5, summary.vocab_size, {s.batch, s.seq}, torch::kLong).to(dev);
+  in.attention_mask = torch::ones({s.batch, s.seq}, torch::kLong).to(dev);
+  in.labels = s.head == emoe::Head::kCausalLM ? in.input_ids
+                                              : torch::randint(0, 2, {s.batch}, torch::kLong).to(dev);
+  emoe::TrainOptions to;
+  to.lr = 1e-5;
+  emoe::Optimizer opt(*model, to);
+  emoe::Precision precision = emoe::parse_precision(a.single_precision);
+  model->train();
+  double loss_value = 0;
+  auto train_step = [&] {
+    torch::Tensor loss;
+    {
+      emoe::PrecisionScope scope(precision, dev);
+      auto out = model->forward(in);
+      loss = out.loss;
+      if (auto aux = emoe::collect_aux_loss(*model); aux.defined()) loss = loss + aux;
+    }
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    loss_value = loss.item<double>();
+  };
+  if (!a.profile.empty()) {
+    // one more warm step, then one step under the autograd profiler (Chrome trace format)
+    train_step();
+    {
+      torch::autograd::profiler::RecordProfile guard(a.profile);
+      train_step();
+    }
+    std::cerr << "profile of one training step written to " << a.profile << "\n";
+  }
+  const double gemm_before = emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 0.6);
+  const double train_s = emoe::bench::time_per_call(train_step, static_cast<int>(a.steps), 0.0);
+  const double train_peak = emoe::bench::peak_rss_mib();
+  // MoE methods: the same model with every plug computing its dense FFN, alternated step by
+  // step with the MoE form, so that the ratio is measured under the same machine load.
+  double moe_over_dense = 0;
+  auto plugs = emoe::moe_plugs(*model);
+  if (!plugs.empty()) {
+    double t_moe = 0, t_dense = 0;
+    for (int64_t i = 0; i < a.steps; ++i)
+      for (bool dense : {true, false}) {
+        for (auto* p : plugs) p->set_dense_override(dense);
+        auto t0 = std::chrono::steady_clock::now();
+        train_step();
+        (dense ? t_dense : t_moe) += seconds_since(t0);
+      }
+    for (auto* p : plugs) p->set_dense_override(false);
+    moe_over_dense = t_moe / t_dense;
+  }
+  model->eval();
+  double infer_s = 0;
+  {
+    torch::NoGradGuard g;
+    infer_s = emoe::bench::time_per_call(
+        [&] {
+          emoe::PrecisionScope scope(precision, dev);
+          (void)model->forward(in).logits.sum().item<double>();
+        },
+        static_cast<int>(a.steps), 0.0);
+  }
+  const double gemm_after = emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 0.6);
+  const double tokens = static_cast<double>(s.batch * s.seq);
+  nlohmann::json j = {{"fp32_peak_gflops", std::max(gemm_before, gemm_after)},
+                      {"moe_step_over_dense_step", moe_over_dense},{"model", a.single_model},
+                      {"method", a.single_method},
+                      {"precision", a.single_precision},
+                      {"batch", s.batch},
+                      {"seq", s.seq},
+                      {"parameters", counts.total},
+                      {"trainable", counts.trainable},
+                      {"train_flops_per_token", 2.0 * flops.train_total},
+                      {"forward_flops_per_token", 2.0 * flops.forward_total},
+                      {"setup_s", setup_s},
+                      {"train_step_s", train_s},
+                      {"train_tokens_per_s", tokens / train_s},
+                      {"inference_s", infer_s},
+                      {"inference_tokens_per_s", tokens / infer_s},
+                      {"train_peak_rss_mib", train_peak},
+                      {"loss", loss_value}};
+  if (cost.moe)
+    j["moe"] = {{"experts", cost.moe_config.experts}, {"topk", cost.moe_config.topk},
+                {"layers", cost.moe_layers}, {"execution", emoe::to_string(cost.moe_config.execution)}};
+  std::cout << "BENCH " << j.dump() << std::endl;
+}
+
+std::string self_path() {
+  char buf[4096];
+  ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  EMOE_CHECK(len > 0, RuntimeError, "bench_train: cannot find this program's path");
+  buf[len] = '\0';
+  return buf;
+}
+
+nlohmann::json run_child(const Args& a, const std::string& model, const std::string& method,
+                         const std::string& precision) {
+  std::string cmd = fmt::format(
+      "'{}' --single {} {} {} --steps {} --batch {} --seq {} --layers {} --device {}", self_path(),
+      model, method, precision, a.steps, a.batch, a.seq, a.layers, a.device);
+  FILE* p = popen(cmd.c_str(), "r");
+  EMOE_CHECK(p != nullptr, RuntimeError, "bench_train: cannot start a measuring process");
+  std::string output;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, p)) output += buf;
+  int status = pclose(p);
+  auto pos = output.find("BENCH ");
+  EMOE_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && pos != std::string::npos,
+             RuntimeError, "bench_train: measuring {} {} {} failed: {}", model, method, precision, output);
+  return nlohmann::json::parse(output.substr(pos + 6, output.find('\n', pos) - pos - 6));
+}
+
+std::string fmt_ratio(double x) { return fmt::format("{:.2f}", x); }
+
+int run(const Args& a) {
+  const auto dev = emoe::parse_device(a.device);
+  const int threads = emoe::configure_threads(0);
+  std::cerr << "measuring the GEMM peak...\n";
+  const double peak32 = emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 1.5);
+  const double peak16 = emoe::bench::gemm_gflops(2048, 768, 3072, torch::kBFloat16, dev, 1.5);
+  std::vector<std::string> precisions =
+      a.precision == "both" ? std::vector<std::string>{"fp32", "bf16"} : std::vector<std::string>{a.precision};
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& model : split_list(a.models)) {
+    model_shape(model, a);  // unknown names fail before any measuring
+    for (const auto& precision : precisions)
+      for (const auto& method : split_list(a.methods)) {
+        std::cerr << fmt::format("{} {} {}...", model, method, precision) << std::flush;
+        auto r = run_child(a, model, method, precision);
+        std::cerr << fmt::format(" {:.0f} tokens/s\n", r["train_tokens_per_s"].get<double>());
+        rows.push_back(r);
+      }
+  }
+  std::ostringstream md;
+  md << fmt::format("GEMM peak (2048 x 768 x 3072, {} threads, {}): float32 {:.1f} GFLOP/s, bfloat16 {:.1f} GFLOP/s "
+                    "(MFU of fp32 rows uses the peak measured in that row's own process, before and after its steps)\n\n",
+                    threads, a.device, peak32, peak16)
+     << "| model | method | precision | params (M) | trainable (M) | train step (s) | vs full | "
+        "MoE step / dense step | train tokens/s | MFU | inference tokens/s | peak RSS (MiB) | vs full |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : rows) {
+    double full_step = 0, full_mem = 0;
+    for (const auto& f : rows)
+      if (f["model"] == r["model"] && f["method"] == "full" && f["precision"] == r["precision"]) {
+        full_step = f["train_step_s"].get<double>();
+        full_mem = f["train_peak_rss_mib"].get<double>();
+      }
+    const double step = r["train_step_s"].get<double>(), mem = r["train_peak_rss_mib"].get<double>();
+    // fp32: against the peak the measuring process itself saw (the machine's load varies)
+    const double peak = r["precision"] == "bf16" ? peak16 : r["fp32_peak_gflops"].get<double>();
+    const double mfu = r["train_flops_per_token"].get<double>() * r["train_tokens_per_s"].get<double>() / (peak * 1e9);
+    std::string method = r["method"].get<std::string>();
+    if (r.contains("moe"))
+      method += fmt::format(" (N {}, k {}, {} layers)", r["moe"]["experts"].get<int64_t>(),
+                            r["moe"]["topk"].get<int64_t>(), r["moe"]["layers"].get<int64_t>());
+    const double vs_dense = r["moe_step_over_dense_step"].get<double>();
+    md << fmt::format("| {} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {} | {} | {:.0f} | {:.0f} % | {:.0f} | {:.0f} | {} |\n",
+                      r["model"].get<std::string>(), method, r["precision"].get<std::string>(),
+                      r["parameters"].get<double>() / 1e6, r["trainable"].get<double>() / 1e6, step,
+                      full_step > 0 ? fmt_ratio(step / full_step) : "-",
+                      vs_dense > 0 ? fmt_ratio(vs_dense) : "-", r["train_tokens_per_s"].get<double>(),
+                      100.0 * mfu, r["inference_tokens_per_s"].get<double>(), mem,
+                      full_mem > 0 ? fmt_ratio(mem / full_mem) : "-");
+  }
+  std::cout << md.str();
+  nlohmann::json doc = {{"threads", threads}, {"device", a.device}, {"fp32_peak_gflops", peak32},
+                        {"bf16_peak_gflops", peak16}, {"rows", rows}};
+  if (!a.json_out.empty()) emoe::write_text_atomic(a.json_out, doc.dump(1) + "\n");
+  if (!a.markdown_out.empty()) emoe::write_text_atomic(a.markdown_out, md.str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  emoe::ensure_runtime_environment(argc, argv);
+  emoe::init_logging(1);
+  Args a;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      std::string k = argv[i];
+      auto next = [&]() -> std::string {
+        EMOE_CHECK(i + 1 < argc, UsageError, "{}: expected a value", k);
+        return argv[++i];
+      };
+      if (k == "--models") a.models = next();
+      else if (k == "--methods") a.methods = next();
+      else if (k == "--precision") a.precision = next();
+      else if (k == "--device") a.device = next();
+      else if (k == "--json") a.json_out = next();
+      else if (k == "--markdown") a.markdown_out = next();
+      else if (k == "--steps") a.steps = std::stoll(next());
+      else if (k == "--batch") a.batch = std::stoll(next());
+      else if (k == "--seq") a.seq = std::stoll(next());
+      else if (k == "--layers") a.layers = std::stoll(next());
+      else if (k == "--profile") a.profile = next();
+      else if (k == "--single") {
+        a.single_model = next();
+        a.single_method = next();
+        a.single_precision = next();
+      } else {
+        EMOE_THROW(UsageError, "unknown argument '{}'", k);
+      }
+    }
+    EMOE_CHECK(a.precision == "fp32" || a.precision == "bf16" || a.precision == "both", UsageError,
+               "--precision: expected fp32, bf16 or both, got '{}'", a.precision);
+    if (!a.single_model.empty()) {
+      emoe::configure_threads(0);
+      measure_one(a);
+      return 0;
+    }
+    return run(a);
+  } catch (const std::exception& e) {
+    std::cerr << "bench_train: error: " << e.what() << "\n";
+    return 2;
+  }
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs every benchmark program and writes docs/performance/{gemm,train,ffn}.md + train.json.
+# Usage: scripts/bench.sh [BUILD_DIR]   (default build/; takes about 20 minutes on 2 cores)
+# Quick check of the same code path: QUICK=1 scripts/bench.sh (tiny shapes, a minute).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+out=docs/performance
+for b in bench_gemm bench_train bench_ffn; do
+  [[ -x "$build/bench/$b" ]] || { echo "bench.sh: $build/bench/$b not built (run scripts/setup.sh)" >&2; exit 2; }
+done
+mkdir -p "$out"
+if [[ "${QUICK:-0}" == 1 ]]; then
+  out=$(mktemp -d)
+  "$build/bench/bench_gemm" --seconds 0.2 > "$out/gemm.md"
+  "$build/bench/bench_train" --layers 1 --batch 2 --seq 32 --steps 1 --methods full,lora,emoe,emoe-dispatched,gmoe,mov \
+    --json "$out/train.json" --markdown "$out/train.md" > /dev/null
+  cat "$out/gemm.md" "$out/train.md"
+  exit 0
+fi
+"$build/bench/bench_gemm" | tee "$out/gemm.md"
+"$build/bench/bench_train" --steps 3 --json "$out/train.json" --markdown "$out/train.md"
+"$build/bench/bench_ffn" 2048 5 | tee "$out/ffn.md"

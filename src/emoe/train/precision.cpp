@@ -1,0 +1,41 @@
+// Mixed-precision scopes over ATen's autocast.
+#include "emoe/train/precision.h"
+
+#include <ATen/autocast_mode.h>
+
+#include "emoe/core/error.h"
+
+namespace emoe {
+
+Precision parse_precision(const std::string& text) {
+  if (text == "fp32" || text == "float32") return Precision::kFp32;
+  if (text == "bf16" || text == "bf16-mixed" || text == "bfloat16") return Precision::kBf16Mixed;
+  EMOE_THROW(UsageError, "precision: expected fp32 or bf16-mixed, got '{}'", text);
+}
+
+std::string to_string(Precision p) { return p == Precision::kFp32 ? "fp32" : "bf16-mixed"; }
+
+PrecisionScope::PrecisionScope(Precision p, const c10::Device& device) {
+  if (p == Precision::kFp32) return;
+  active_ = true;
+  cuda_ = device.is_cuda();
+  if (cuda_) {
+    previous_ = at::autocast::is_enabled();
+    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+    at::autocast::set_enabled(true);
+  } else {
+    previous_ = at::autocast::is_cpu_enabled();
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    at::autocast::set_cpu_enabled(true);
+  }
+  at::autocast::increment_nesting();
+}
+
+PrecisionScope::~PrecisionScope() {
+  if (!active_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  if (cuda_) at::autocast::set_enabled(previous_);
+  else at::autocast::set_cpu_enabled(previous_);
+}
+
+}  // namespace emoe

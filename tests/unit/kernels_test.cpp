@@ -1,0 +1,151 @@
+// The hot-loop kernels against their plain definitions: grouped expert GEMMs, the parallel
+// dropout, the fused AdamW step, fused q/k/v projections and mixed-precision scopes.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ATen/autocast_mode.h>
+
+#include "emoe/models/dropout.h"
+#include "emoe/models/linear.h"
+#include "emoe/moe/segment_linear.h"
+#include "emoe/train/optim.h"
+#include "emoe/train/precision.h"
+#include "support/test_support.h"
+
+namespace {
+
+// segment j of x times block j of w (the definition), with autograd through narrow()
+torch::Tensor kernels_reference(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                                const std::vector<int64_t>& counts, int64_t block_dim) {
+  const int64_t e = static_cast<int64_t>(counts.size()), s = w.size(block_dim) / e;
+  std::vector<torch::Tensor> parts;
+  int64_t off = 0;
+  for (int64_t j = 0; j < e; ++j) {
+    auto wj = w.narrow(block_dim, j * s, s);
+    parts.push_back(torch::linear(x.narrow(0, off, counts[j]), wj,
+                                  b.defined() ? b.narrow(0, j * s, s) : torch::Tensor()));
+    off += counts[j];
+  }
+  return torch::cat(parts, 0);
+}
+
+}  // namespace
+
+TEST(SegmentLinear, MatchesPerExpertLinearInValuesAndGradients) {
+  torch::manual_seed(3);
+  const std::vector<int64_t> counts = {5, 0, 3, 9};  // expert 1 gets no rows
+  for (int64_t block_dim : {0, 1}) {
+    SCOPED_TRACE(block_dim);
+    const int64_t in = block_dim == 0 ? 6 : 4, rows = 17;
+    auto w = block_dim == 0 ? torch::randn({4 * 4, in}, torch::kDouble) : torch::randn({7, 4 * 4}, torch::kDouble);
+    auto b = block_dim == 0 ? torch::randn({16}, torch::kDouble) : torch::Tensor();
+    auto x = torch::randn({rows, in}, torch::kDouble);
+    auto go = torch::randn({rows, block_dim == 0 ? 4 : 7}, torch::kDouble);
+    auto run = [&](bool ours) {
+      auto xx = x.clone().requires_grad_(true), ww = w.clone().requires_grad_(true);
+      auto bb = b.defined() ? b.clone().requires_grad_(true) : torch::Tensor();
+      auto y = ours ? emoe::segment_linear(xx, ww, bb, counts, block_dim) : kernels_reference(xx, ww, bb, counts, block_dim);
+      (y * go).sum().backward();
+      return std::vector<torch::Tensor>{y.detach(), xx.grad(), ww.grad(), bb.defined() ? bb.grad() : torch::zeros({1})};
+    };
+    auto ours = run(true), ref = run(false);
+    for (size_t i = 0; i < ours.size(); ++i) EXPECT_LT(emoe::test::max_abs_diff(ours[i], ref[i]), 1e-12) << i;
+    // the row-less expert's weight block has a zero gradient (not garbage)
+    EXPECT_EQ(ours[2].narrow(block_dim, 4, 4).abs().max().item<double>(), 0.0);
+  }
+  EXPECT_THROW(emoe::segment_linear(torch::zeros({3, 2}), torch::zeros({4, 2}), {}, {1, 1}, 0), emoe::UsageError);
+}
+
+TEST(Dropout, KeepsOneMinusPScalesAndIsSeededByTheGenerator) {
+  auto x = torch::ones({1000, 1000});
+  torch::manual_seed(11);
+  auto a = emoe::dropout(x, 0.1, true);
+  torch::manual_seed(11);
+  auto b = emoe::dropout(x, 0.1, true);
+  EXPECT_TRUE(torch::equal(a, b));                        // same generator state, same mask
+  EXPECT_FALSE(torch::equal(a, emoe::dropout(x, 0.1, true)));  // the next call differs
+  const double kept = (a != 0).to(torch::kDouble).mean().item<double>();
+  EXPECT_NEAR(kept, 0.9, 0.002);                          // 1e6 draws: sd 3e-4
+  EXPECT_NEAR(a.max().item<double>(), 1 / 0.9, 1e-6);
+  EXPECT_NEAR(a.mean().item<double>(), 1.0, 0.003);      // unbiased
+  // rows are not copies of each other (the hash mixes the index)
+  EXPECT_FALSE(torch::equal(a[0], a[1]));
+  // gradient: the same mask
+  auto xg = torch::randn({64, 64}, torch::requires_grad());
+  auto y = emoe::dropout(xg, 0.5, true);
+  y.sum().backward();
+  EXPECT_TRUE(torch::equal((xg.grad() != 0), (y != 0)));
+  // evaluation / p = 0: the input itself
+  EXPECT_TRUE(emoe::dropout(x, 0.1, false).is_same(x));
+  EXPECT_TRUE(emoe::dropout(x, 0.0, true).is_same(x));
+}
+
+TEST(FusedAdamW, MatchesTorchAdamWOverSteps) {
+  torch::manual_seed(5);
+  auto model = emoe::test::tiny_bert_classifier();
+  auto twin = emoe::test::tiny_bert_classifier();
+  model->eval();  // no dropout: both see the same function
+  twin->eval();
+  {
+    torch::NoGradGuard g;
+    auto src = model->named_parameters();
+    for (auto& p : twin->named_parameters()) p.value().copy_(src[p.key()]);
+  }
+  emoe::TrainOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  emoe::Optimizer ours(*model, o);
+  emoe::Optimizer theirs_groups(*twin, o);
+  auto& theirs = theirs_groups.adamw();
+  // the same gradients for both (set by hand: through a model, rounding noise in gradients
+  // that are 0 in exact arithmetic, such as a key bias's, is amplified by Adam's normalisation)
+  for (int step = 0; step < 5; ++step) {
+    torch::manual_seed(100 + step);
+    auto b = twin->named_parameters();
+    for (const auto& p : model->named_parameters()) {
+      auto g = torch::randn_like(p.value()) * (step + 1);
+      p.value().mutable_grad() = g;
+      b[p.key()].mutable_grad() = g.clone();
+    }
+    ours.step();
+    ours.zero_grad();
+    theirs.step();  // libtorch's own AdamW on the same groups
+    theirs.zero_grad();
+  }
+  auto b = twin->named_parameters();
+  double worst = 0;
+  for (const auto& p : model->named_parameters())
+    worst = std::max(worst, emoe::test::max_abs_diff(p.value(), b[p.key()]));
+  EXPECT_LT(worst, 1e-6);
+  // zero_grad drops the gradients
+  for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+TEST(FusedLinear, EqualsSeparateProjectionsAndFallsBackWithAdapters) {
+  torch::manual_seed(2);
+  emoe::Linear q(emoe::LinearOptions{8, 8, true, false}), k(emoe::LinearOptions{8, 4, true, false}),
+      v(emoe::LinearOptions{8, 4, true, false});
+  auto x = torch::randn({2, 3, 8});
+  auto fused = emoe::fused_linear({q.get(), k.get(), v.get()}, x);
+  ASSERT_EQ(fused.size(), 3u);
+  EXPECT_LT(emoe::test::max_abs_diff(fused[0], q(x)), 1e-6);
+  EXPECT_LT(emoe::test::max_abs_diff(fused[1], k(x)), 1e-6);
+  EXPECT_LT(emoe::test::max_abs_diff(fused[2], v(x)), 1e-6);
+  EXPECT_EQ(fused[1].sizes(), (std::vector<int64_t>{2, 3, 4}));
+}
+
+TEST(Precision, ScopeEnablesAutocastOnlyWhileAliveAndParses) {
+  EXPECT_EQ(emoe::parse_precision("bf16-mixed"), emoe::Precision::kBf16Mixed);
+  EXPECT_EQ(emoe::parse_precision("fp32"), emoe::Precision::kFp32);
+  EXPECT_THROW(emoe::parse_precision("fp8"), emoe::UsageError);
+  auto a = torch::randn({4, 4}), b = torch::randn({4, 4});
+  {
+    emoe::PrecisionScope s(emoe::Precision::kBf16Mixed, torch::kCPU);
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kBFloat16);
+  }
+  EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat);
+  {
+    emoe::PrecisionScope s(emoe::Precision::kFp32, torch::kCPU);
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat);
+  }
+}
