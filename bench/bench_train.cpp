@@ -10,10 +10,6 @@
 //   --batch/--seq/--layers shrink the shapes (for a quick check); the defaults are the issue's.
 //   bench_train --single MODEL METHOD PRECISION [--profile trace.json]: one measurement in this
 //   process; --profile also writes one step's autograd profile (scripts/profile_summary.py).
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdio>
 #include <iostream>
 #include <sstream>
 
@@ -22,6 +18,7 @@
 #include "emoe/core/error.h"
 #include "emoe/core/logging.h"
 #include "emoe/core/runtime.h"
+#include "emoe/core/subprocess.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/models/loader.h"
 #include "emoe/moe/convert.h"
@@ -193,7 +190,8 @@ void measure_one(const Args& a) {
   const double gemm_after = emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 0.6);
   const double tokens = static_cast<double>(s.batch * s.seq);
   nlohmann::json j = {{"fp32_peak_gflops", std::max(gemm_before, gemm_after)},
-                      {"moe_step_over_dense_step", moe_over_dense},{"model", a.single_model},
+                      {"moe_step_over_dense_step", moe_over_dense},
+                      {"model", a.single_model},
                       {"method", a.single_method},
                       {"precision", a.single_precision},
                       {"batch", s.batch},
@@ -215,29 +213,12 @@ void measure_one(const Args& a) {
   std::cout << "BENCH " << j.dump() << std::endl;
 }
 
-std::string self_path() {
-  char buf[4096];
-  ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  EMOE_CHECK(len > 0, RuntimeError, "bench_train: cannot find this program's path");
-  buf[len] = '\0';
-  return buf;
-}
-
 nlohmann::json run_child(const Args& a, const std::string& model, const std::string& method,
                          const std::string& precision) {
   std::string cmd = fmt::format(
-      "'{}' --single {} {} {} --steps {} --batch {} --seq {} --layers {} --device {}", self_path(),
-      model, method, precision, a.steps, a.batch, a.seq, a.layers, a.device);
-  FILE* p = popen(cmd.c_str(), "r");
-  EMOE_CHECK(p != nullptr, RuntimeError, "bench_train: cannot start a measuring process");
-  std::string output;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) output += buf;
-  int status = pclose(p);
-  auto pos = output.find("BENCH ");
-  EMOE_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && pos != std::string::npos,
-             RuntimeError, "bench_train: measuring {} {} {} failed: {}", model, method, precision, output);
-  return nlohmann::json::parse(output.substr(pos + 6, output.find('\n', pos) - pos - 6));
+      "{} --single {} {} {} --steps {} --batch {} --seq {} --layers {} --device {}",
+      emoe::shell_quote(emoe::self_executable()), model, method, precision, a.steps, a.batch, a.seq, a.layers, a.device);
+  return emoe::run_and_read_json_line(cmd, "BENCH ", fmt::format("bench_train: measuring {} {} {}", model, method, precision));
 }
 
 std::string fmt_ratio(double x) { return fmt::format("{:.2f}", x); }

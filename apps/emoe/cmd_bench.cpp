@@ -2,8 +2,6 @@
 // model — parameters (total, trainable), GMACs per token (forward, training step), training-step
 // and inference time, peak memory. Each method runs in a fresh process so that peak RSS is its own.
 #include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -15,6 +13,7 @@
 #include "emoe/analysis/flops.h"
 #include "emoe/core/error.h"
 #include "emoe/core/runtime.h"
+#include "emoe/core/subprocess.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/train/method.h"
 #include "emoe/train/model_io.h"
@@ -132,12 +131,6 @@ void bench_one(const BenchArgs& a) {
   std::cout << "BENCH " << j.dump() << std::endl;
 }
 
-std::string bench_shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 void run_bench(const BenchArgs& a) {
   if (!a.single.empty()) return bench_one(a);
   std::vector<std::string> methods;
@@ -149,25 +142,13 @@ void run_bench(const BenchArgs& a) {
                                               "emoe-dispatched", "emoe+lora", "emoe-learn", "gmoe"};
   for (const auto& m : methods)
     EMOE_CHECK(known.count(m), UsageError, "--methods: unknown method '{}' (known: {})", m, fmt::join(known, ", "));
-  char self[4096];
-  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-  EMOE_CHECK(len > 0, RuntimeError, "bench: cannot find this program's path");
-  self[len] = '\0';
+  const std::string self = self_executable();
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& m : methods) {
     std::string cmd = fmt::format("{} -q bench {} --single {} --batch {} --seq {} --steps {} --experts {} --topk {} --threads {} --device {} --dtype {}",
-                                  bench_shell_quote(self), bench_shell_quote(a.model_dir), bench_shell_quote(m), a.batch, a.seq, a.steps,
-                                  a.experts, a.topk, a.run.threads, bench_shell_quote(a.run.device), bench_shell_quote(a.run.dtype));
-    FILE* p = popen(cmd.c_str(), "r");
-    EMOE_CHECK(p != nullptr, RuntimeError, "bench: cannot start a measuring process");
-    std::string output;
-    char buf[4096];
-    while (fgets(buf, sizeof buf, p)) output += buf;
-    int status = pclose(p);
-    auto pos = output.find("BENCH ");
-    EMOE_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && pos != std::string::npos, RuntimeError,
-               "bench: measuring {} failed (exit {}): {}", m, WIFEXITED(status) ? WEXITSTATUS(status) : -1, output);
-    rows.push_back(nlohmann::json::parse(output.substr(pos + 6, output.find('\n', pos) - pos - 6)));
+                                  shell_quote(self), shell_quote(a.model_dir), shell_quote(m), a.batch, a.seq, a.steps,
+                                  a.experts, a.topk, a.run.threads, shell_quote(a.run.device), shell_quote(a.run.dtype));
+    rows.push_back(run_and_read_json_line(cmd, "BENCH ", "bench: measuring " + m));
     spdlog::info("bench: {} done", m);
   }
   double dense_train = 0;
