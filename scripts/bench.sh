@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every benchmark program and writes docs/performance/{gemm,train,ffn}.md + train.json.
+# Runs every benchmark program and writes docs/performance/{gemm,train,ffn,dist}.md + train.json.
 # Usage: scripts/bench.sh [BUILD_DIR]   (default build/; takes about 20 minutes on 2 cores)
 # Quick check of the same code path: QUICK=1 scripts/bench.sh (tiny shapes, a minute).
 set -euo pipefail
@@ -15,9 +15,11 @@ if [[ "${QUICK:-0}" == 1 ]]; then
   "$build/bench/bench_gemm" --seconds 0.2 > "$out/gemm.md"
   "$build/bench/bench_train" --layers 1 --batch 2 --seq 32 --steps 1 --methods full,lora,emoe,emoe-dispatched,gmoe,mov \
     --json "$out/train.json" --markdown "$out/train.md" > /dev/null
-  cat "$out/gemm.md" "$out/train.md"
+  STEPS=4 BATCH=8 scripts/bench_dist.sh "$build" > "$out/dist.md"
+  cat "$out/gemm.md" "$out/train.md" "$out/dist.md"
   exit 0
 fi
 "$build/bench/bench_gemm" | tee "$out/gemm.md"
 "$build/bench/bench_train" --steps 3 --json "$out/train.json" --markdown "$out/train.md"
 "$build/bench/bench_ffn" 2048 5 | tee "$out/ffn.md"
+scripts/bench_dist.sh "$build" | tee "$out/dist.md"

@@ -151,3 +151,34 @@ TEST(Train, DivergenceStopsCleanlyAndCheckpointsStayFinite) {
     for (const auto& [name, t] : checkpoint_weights(tmp.file("run")))
       EXPECT_TRUE(torch::isfinite(t).all().item<bool>()) << name;
 }
+
+// bf16 mixed precision (train.precision): the same run in fp32 and bf16 starts from the same
+// weights, so the first logged losses differ by the bf16 rounding only; the evaluation runs
+// under bf16 as well. (The 200-step comparison is scripts/bf16_check.sh.)
+TEST(TrainE2E, Bf16MixedPrecisionTracksFp32) {
+  EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
+  EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
+  emoe::test::TempDir tmp;
+  auto losses = [](const std::string& run) {
+    std::vector<double> out;
+    std::ifstream in(run + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j["type"] == "train") out.push_back(j["loss"].get<double>());
+    }
+    return out;
+  };
+  std::vector<std::string> common = {"save_best=false", "train.max_steps=2", "train.log_every=1",
+                                     "train.max_eval_examples=16", "ood=[]"};
+  auto a = tmp.file("fp32"), b = tmp.file("bf16");
+  emoe::run_training(tiny_run(bert, "full", a, common), false);
+  common.push_back("train.precision=bf16-mixed");
+  auto rb = emoe::run_training(tiny_run(bert, "full", b, common), false);
+  auto la = losses(a), lb = losses(b);
+  ASSERT_EQ(la.size(), 2u);
+  ASSERT_EQ(lb.size(), 2u);
+  EXPECT_NE(la[0], lb[0]);  // autocast did run the matrix multiplies in bf16
+  EXPECT_NEAR(la[0], lb[0], 0.02 * la[0]);
+  EXPECT_TRUE(std::isfinite(rb.results["best"]["dev"]["loss"].get<double>()));
+  EXPECT_THROW(tiny_run(bert, "full", b, {"train.precision=fp16"}).validate(), emoe::InputError);
+}

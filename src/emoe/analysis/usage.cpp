@@ -75,6 +75,14 @@ void UsageRecorder::snapshot(int64_t step, const std::string& phase, bool traini
   snap.step = step;
   snap.phase = phase;
   for (auto& s : sources_) snap.counts.push_back(s.take(training));
+  if (reduce_) {
+    std::vector<double> flat;
+    for (const auto& c : snap.counts) flat.insert(flat.end(), c.begin(), c.end());
+    flat = reduce_(flat);
+    size_t at = 0;
+    for (auto& c : snap.counts)
+      for (auto& x : c) x = flat.at(at++);
+  }
   snapshots_.push_back(std::move(snap));
 }
 

@@ -40,6 +40,11 @@ class UsageRecorder {
   void snapshot(int64_t step, const std::string& phase, bool training);
   // Drops what was accumulated in that mode (e.g. before evaluating one set).
   void discard(bool training);
+  // Data-parallel runs: sums a snapshot's counts over the processes (all of them call snapshot
+  // at the same points), so that every process records the job's usage.
+  void set_reduce(std::function<std::vector<double>(const std::vector<double>&)> reduce) {
+    reduce_ = std::move(reduce);
+  }
 
   nlohmann::json to_json() const;
   // Restores snapshots saved by to_json (resume); the sources must match.
@@ -53,6 +58,7 @@ class UsageRecorder {
  private:
   std::vector<UsageSource> sources_;
   std::vector<UsageSnapshot> snapshots_;
+  std::function<std::vector<double>(const std::vector<double>&)> reduce_;
 };
 
 // Total counts per source over the snapshots whose phase is `phase` ("train", "dev", ...).

@@ -20,6 +20,19 @@ struct EvalModeGuard {
   bool was_;
 };
 
+// This shard's examples: rank, rank + size, ...
+std::vector<const EncodedExample*> shard_of(const std::vector<EncodedExample>& data, const EvalShard& shard) {
+  std::vector<const EncodedExample*> out;
+  for (size_t i = static_cast<size_t>(shard.rank); i < data.size(); i += static_cast<size_t>(shard.size))
+    out.push_back(&data[i]);
+  return out;
+}
+
+c10::Device model_device(PretrainedModelImpl& model) {
+  auto ps = model.parameters();
+  return ps.empty() ? c10::Device(c10::kCPU) : ps.front().device();
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -28,21 +41,24 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 EvalOutput evaluate_classifier(PretrainedModelImpl& model, const std::vector<EncodedExample>& data,
                                const TaskSpec& task, int64_t batch_size, int64_t pad_id,
-                               const std::vector<int64_t>& prediction_labels) {
+                               const std::vector<int64_t>& prediction_labels, const EvalShard& shard) {
   auto t0 = std::chrono::steady_clock::now();
   EvalModeGuard guard(model);
   torch::NoGradGuard no_grad;
+  const auto dev = model_device(model);
+  const auto mine = shard_of(data, shard);
   std::vector<double> pred, gold;
   double loss_sum = 0;
-  for (size_t b = 0; b < data.size(); b += batch_size) {
-    std::vector<const EncodedExample*> ex;
-    for (size_t i = b; i < std::min(data.size(), b + batch_size); ++i) ex.push_back(&data[i]);
+  for (size_t b = 0; b < mine.size(); b += static_cast<size_t>(batch_size)) {
+    std::vector<const EncodedExample*> ex(mine.begin() + static_cast<std::ptrdiff_t>(b),
+                                          mine.begin() + static_cast<std::ptrdiff_t>(
+                                                             std::min(mine.size(), b + static_cast<size_t>(batch_size))));
     auto batch = collate(ex, pad_id, task.regression, false);
     ModelInputs in;
-    in.input_ids = batch.input_ids;
-    in.attention_mask = batch.attention_mask;
-    in.token_type_ids = batch.token_type_ids;
-    in.labels = batch.labels;
+    in.input_ids = batch.input_ids.to(dev);
+    in.attention_mask = batch.attention_mask.to(dev);
+    if (batch.token_type_ids.defined()) in.token_type_ids = batch.token_type_ids.to(dev);
+    in.labels = batch.labels.to(dev);
     auto out = model.forward(in);
     loss_sum += out.loss.item<double>() * static_cast<double>(ex.size());
     auto logits = out.logits.to(torch::kCPU).to(torch::kFloat);
@@ -59,6 +75,19 @@ EvalOutput evaluate_classifier(PretrainedModelImpl& model, const std::vector<Enc
     }
     for (auto* e : ex) gold.push_back(e->label);
   }
+  if (shard.size > 1) {
+    // back into the set's order: rank r's j-th example is example r + j * size
+    auto all_pred = shard.all_gather(pred), all_gold = shard.all_gather(gold);
+    auto losses = shard.all_gather({loss_sum});
+    pred.assign(data.size(), 0.0), gold.assign(data.size(), 0.0), loss_sum = 0;
+    for (size_t r = 0; r < all_pred.size(); ++r) {
+      for (size_t j = 0; j < all_pred[r].size(); ++j) {
+        pred[r + j * static_cast<size_t>(shard.size)] = all_pred[r][j];
+        gold[r + j * static_cast<size_t>(shard.size)] = all_gold[r][j];
+      }
+      loss_sum += losses[r].at(0);
+    }
+  }
   EvalOutput o;
   o.examples = static_cast<int64_t>(data.size());
   o.loss = data.empty() ? 0 : loss_sum / static_cast<double>(data.size());
@@ -68,23 +97,31 @@ EvalOutput evaluate_classifier(PretrainedModelImpl& model, const std::vector<Enc
 }
 
 EvalOutput evaluate_lm_loss(PretrainedModelImpl& model, const std::vector<EncodedExample>& data,
-                            int64_t batch_size, int64_t pad_id) {
+                            int64_t batch_size, int64_t pad_id, const EvalShard& shard) {
   auto t0 = std::chrono::steady_clock::now();
   EvalModeGuard guard(model);
   torch::NoGradGuard no_grad;
+  const auto dev = model_device(model);
+  const auto mine = shard_of(data, shard);
   double nll = 0, tokens = 0;
-  for (size_t b = 0; b < data.size(); b += batch_size) {
-    std::vector<const EncodedExample*> ex;
-    for (size_t i = b; i < std::min(data.size(), b + batch_size); ++i) ex.push_back(&data[i]);
+  for (size_t b = 0; b < mine.size(); b += static_cast<size_t>(batch_size)) {
+    std::vector<const EncodedExample*> ex(mine.begin() + static_cast<std::ptrdiff_t>(b),
+                                          mine.begin() + static_cast<std::ptrdiff_t>(
+                                                             std::min(mine.size(), b + static_cast<size_t>(batch_size))));
     auto batch = collate(ex, pad_id, false, true);
     ModelInputs in;
-    in.input_ids = batch.input_ids;
-    in.attention_mask = batch.attention_mask;
-    in.labels = batch.labels;
+    in.input_ids = batch.input_ids.to(dev);
+    in.attention_mask = batch.attention_mask.to(dev);
+    in.labels = batch.labels.to(dev);
     auto out = model.forward(in);
     double n = (batch.labels.narrow(1, 1, batch.labels.size(1) - 1) != -100).sum().item<double>();
-    nll += out.loss.item<double>() * n;
+    if (n > 0) nll += out.loss.item<double>() * n;
     tokens += n;
+  }
+  if (shard.size > 1) {
+    auto parts = shard.all_gather({nll, tokens});
+    nll = 0, tokens = 0;
+    for (const auto& p : parts) nll += p.at(0), tokens += p.at(1);
   }
   EvalOutput o;
   o.examples = static_cast<int64_t>(data.size());

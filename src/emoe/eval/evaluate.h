@@ -21,16 +21,25 @@ struct EvalOutput {
   double seconds = 0;
 };
 
+// Which part of an evaluation set this process scores (data-parallel runs): examples
+// rank, rank + size, ...; all_gather returns every rank's values, so that the metrics are those
+// of the whole set on every rank. The default scores everything.
+struct EvalShard {
+  int rank = 0, size = 1;
+  std::function<std::vector<std::vector<double>>(const std::vector<double>&)> all_gather;
+};
+
 // Runs the classifier over `data` in batches (no grad, eval mode restored afterwards).
 // prediction_labels, when given, maps a predicted class to the set's label id (a 3-way MNLI
 // model scored on a 2-way set: {0, 1, 1}).
 EvalOutput evaluate_classifier(PretrainedModelImpl& model, const std::vector<EncodedExample>& data,
                                const TaskSpec& task, int64_t batch_size, int64_t pad_id,
-                               const std::vector<int64_t>& prediction_labels = {});
+                               const std::vector<int64_t>& prediction_labels = {},
+                               const EvalShard& shard = {});
 
 // Mean per-token loss of a causal LM over LM examples (lm_labels), and its perplexity.
 EvalOutput evaluate_lm_loss(PretrainedModelImpl& model, const std::vector<EncodedExample>& data,
-                            int64_t batch_size, int64_t pad_id);
+                            int64_t batch_size, int64_t pad_id, const EvalShard& shard = {});
 
 // Multiple choice by the likelihood of the answer letter: `next_logits(ids)` returns the logits
 // [V] of the token after `ids`; the choice whose letter token scores highest wins.

@@ -120,7 +120,7 @@ nlohmann::json RunConfig::to_json() const {
                        {"max_train_examples", t.max_train_examples},
                        {"max_eval_examples", t.max_eval_examples}, {"log_every", t.log_every},
                        {"save_every", t.save_every}, {"stop_after_steps", t.stop_after_steps},
-                       {"usage_interval", t.usage_interval}};
+                       {"usage_interval", t.usage_interval}, {"precision", t.precision}};
   nlohmann::json pj = {{"targets", peft.targets}, {"feedforward_targets", peft.feedforward_targets},
                        {"r", peft.r}, {"alpha", peft.alpha}, {"dropout", peft.dropout},
                        {"experts", peft.experts}, {"topk", peft.topk},
@@ -273,6 +273,7 @@ RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where
     tr.get("save_every", o.save_every);
     tr.get("stop_after_steps", o.stop_after_steps);
     tr.get("usage_interval", o.usage_interval);
+    tr.get("precision", o.precision);
     tr.finish();
   }
   r.finish();
@@ -315,6 +316,10 @@ void RunConfig::validate() const {
   if (t.max_length < 8) bad("train.max_length", fmt::format("expected >= 8, got {}", t.max_length));
   if (t.grad_clip < 0) bad("train.grad_clip", "expected >= 0");
   if (t.usage_interval < 0) bad("train.usage_interval", "expected >= 0");
+  if (t.precision != "fp32" && t.precision != "bf16-mixed")
+    bad("train.precision", fmt::format("expected fp32 or bf16-mixed, got '{}'", t.precision));
+  if (t.precision == "bf16-mixed" && dtype != "float32")
+    bad("train.precision", fmt::format("bf16-mixed needs float32 weights (dtype), got dtype '{}'", dtype));
   if (peft.r < 1) bad("peft.r", "expected >= 1");
   if (peft.experts < 1) bad("peft.experts", "expected >= 1");
   if (peft.dropout < 0 || peft.dropout >= 1) bad("peft.dropout", "expected [0, 1)");

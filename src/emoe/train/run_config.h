@@ -35,6 +35,9 @@ struct TrainOptions {
   int64_t save_every = 0;          // checkpoint every N steps (0: at each epoch end)
   int64_t stop_after_steps = 0;    // checkpoint and exit after N steps (tests of --resume)
   int64_t usage_interval = 10;     // steps between expert-usage snapshots (0 = per epoch only)
+  // fp32 | bf16-mixed (matrix multiplies in bfloat16 under autocast, for training and the
+  // evaluations of the run; weights, optimiser state, norms and losses stay float32)
+  std::string precision = "fp32";
 };
 
 // A classification data set from the user's own files (instead of a GLUE task).

@@ -6,13 +6,16 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
+#include <thread>
 
 #include "emoe/analysis/usage.h"
 #include "emoe/core/error.h"
 #include "emoe/core/runtime.h"
 #include "emoe/data/batching.h"
 #include "emoe/data/dataset.h"
+#include "emoe/dist/grad_sync.h"
 #include "emoe/eval/evaluate.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/io/safetensors.h"
@@ -20,6 +23,7 @@
 #include "emoe/train/method.h"
 #include "emoe/train/model_io.h"
 #include "emoe/train/optim.h"
+#include "emoe/train/precision.h"
 #include "emoe/train/progress.h"
 #include "emoe/train/run_data.h"
 
@@ -48,6 +52,16 @@ struct TrainContext {
   ModelPtr model;
   MoeState moe;
   PeftConfig peft;
+  std::unique_ptr<Communicator> comm;  // data-parallel runs only
+  bool main_rank() const { return comm == nullptr || comm->rank() == 0; }
+  EvalShard shard() const {
+    EvalShard s;
+    if (comm == nullptr) return s;
+    s.rank = comm->rank(), s.size = comm->size();
+    Communicator* cm = comm.get();
+    s.all_gather = [cm](const std::vector<double>& v) { return cm->all_gather(v); };
+    return s;
+  }
 };
 
 void setup_data(TrainContext& c) {
@@ -172,13 +186,14 @@ ModelInputs to_inputs(const Batch& b, const c10::Device& dev) {
 // dev + out-of-domain (+ MMLU) results of the current model, as one JSON record.
 nlohmann::json evaluate_all(TrainContext& c, UsageRecorder& usage, int64_t step) {
   set_phase(c, true);
+  PrecisionScope precision(parse_precision(c.cfg.train.precision), c.device);
   nlohmann::json sets = nlohmann::json::object();
   for (const auto& s : c.evals) {
     usage.discard(false);
     EvalOutput o = c.cfg.objective == "classification"
                        ? evaluate_classifier(*c.model, s.data, c.task, c.cfg.train.eval_batch_size, c.pad_id,
-                                             s.prediction_labels)
-                       : evaluate_lm_loss(*c.model, s.data, c.cfg.train.eval_batch_size, c.pad_id);
+                                             s.prediction_labels, c.shard())
+                       : evaluate_lm_loss(*c.model, s.data, c.cfg.train.eval_batch_size, c.pad_id, c.shard());
     sets[s.name] = {{"metrics", o.metrics}, {"loss", o.loss}, {"examples", o.examples},
                     {"seconds", o.seconds}};
     usage.snapshot(step, s.name, false);
@@ -235,13 +250,25 @@ void export_model(TrainContext& c) {
 
 }  // namespace
 
-TrainResult run_training(const RunConfig& config, bool resume) {
+TrainResult run_training(const RunConfig& config, bool resume, const DistOptions& dist) {
   TrainContext c;
   c.cfg = config;
   c.cfg.validate();
   c.dir = c.cfg.output;
   c.device = parse_device(c.cfg.device);
-  configure_threads(c.cfg.threads);
+  if (dist.enabled()) {
+    // the local ranks share the cores unless train threads were given
+    int threads = c.cfg.threads;
+    if (threads <= 0)
+      threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / dist.local_world_size);
+    configure_threads(threads);
+    c.comm = std::make_unique<Communicator>(dist);
+    if (!c.main_rank()) spdlog::set_level(std::max(spdlog::get_level(), spdlog::level::warn));
+    spdlog::info("data parallel: {} ranks (c10d Gloo, rendezvous {}:{}), {} threads each", dist.world_size,
+                 dist.master_addr, dist.master_port, threads);
+  } else {
+    configure_threads(c.cfg.threads);
+  }
   const auto& o = c.cfg.train;
   const bool has_checkpoint = !latest_checkpoint(c.dir).empty();
   EMOE_CHECK(resume || !has_checkpoint, UsageError,
@@ -263,10 +290,12 @@ TrainResult run_training(const RunConfig& config, bool resume) {
   c.tok = load_tokenizer(c.cfg.model);
   setup_data(c);
   setup_model(c);
-  std::error_code ec;
-  fs::create_directories(c.dir, ec);
-  EMOE_CHECK(!ec, RuntimeError, "{}: cannot create the run folder: {}", c.dir, ec.message());
-  write_text_atomic((fs::path(c.dir) / "config.json").string(), c.cfg.to_json().dump(2) + "\n");
+  if (c.main_rank()) {
+    std::error_code ec;
+    fs::create_directories(c.dir, ec);
+    EMOE_CHECK(!ec, RuntimeError, "{}: cannot create the run folder: {}", c.dir, ec.message());
+    write_text_atomic((fs::path(c.dir) / "config.json").string(), c.cfg.to_json().dump(2) + "\n");
+  }
   const auto& s = c.model->summary();
   c.pad_id = c.tok->special().pad.value_or(s.pad_token_id.value_or(s.eos_token_id.value_or(0)));
 
@@ -283,16 +312,34 @@ TrainResult run_training(const RunConfig& config, bool resume) {
   TrainState st;
   if (resume && load_checkpoint(c.dir, *c.model, opt, st)) {
     spdlog::info("resumed {} at step {} (epoch {}, batch {})", c.dir, st.step, st.epoch + 1, st.batch_in_epoch);
-    if (fs::exists(metrics_path)) fs::resize_file(metrics_path, static_cast<uintmax_t>(st.metrics_bytes));
+    if (c.main_rank() && fs::exists(metrics_path))
+      fs::resize_file(metrics_path, static_cast<uintmax_t>(st.metrics_bytes));
   } else {
     if (resume) spdlog::info("{}: no checkpoint yet; starting from the beginning", c.dir);
-    std::ofstream(metrics_path, std::ios::trunc);
+    if (c.main_rank()) std::ofstream(metrics_path, std::ios::trunc);
+  }
+  std::unique_ptr<GradientSync> sync;
+  if (c.comm) {
+    // identical weights everywhere (rank 0's), then gradients averaged over the ranks
+    std::vector<torch::Tensor> all;
+    for (auto& p : c.model->parameters()) all.push_back(p);
+    for (auto& b : c.model->buffers()) all.push_back(b);
+    {
+      torch::NoGradGuard g;
+      c.comm->broadcast(all, 0);
+    }
+    sync = std::make_unique<GradientSync>(*c.comm, opt.parameters());
+    spdlog::info("gradients all-reduced in {} bucket(s)", sync->buckets());
   }
   UsageRecorder usage(*c.model);
+  if (c.comm) {
+    Communicator* cm = c.comm.get();
+    usage.set_reduce([cm](const std::vector<double>& v) { return cm->all_reduce_sum(v); });
+  }
   usage.discard(true);
   usage.discard(false);
   usage.restore(st.usage);
-  if (!c.moe.empty())
+  if (!c.moe.empty() && c.main_rank())
     write_text_atomic((fs::path(c.dir) / "moe.json").string(), moe_state_to_json(c.moe).dump(1) + "\n");
   const auto best_path = (fs::path(c.dir) / "best_state.safetensors").string();
   spdlog::info("{} epochs x {} steps ({} examples, batch {} x {} accumulation), warm-up {}, {} schedule",
@@ -307,11 +354,13 @@ TrainResult run_training(const RunConfig& config, bool resume) {
   int64_t loss_count = 0, tokens_acc = 0;
   auto window_start = std::chrono::steady_clock::now();
   auto checkpoint = [&] {
+    if (!c.main_rank()) return;  // rank 0 writes; every rank resumes from it
     st.metrics_bytes = static_cast<int64_t>(fs::file_size(metrics_path));
     st.usage = usage.to_json();
     save_checkpoint(c.dir, *c.model, opt, st);
     usage.save(c.dir);
   };
+  const Precision precision = parse_precision(o.precision);
   set_phase(c, false);
   for (int64_t epoch = st.epoch; epoch < epochs && !done; ++epoch) {
     st.epoch = epoch;
@@ -319,23 +368,51 @@ TrainResult run_training(const RunConfig& config, bool resume) {
     auto epoch_start = std::chrono::steady_clock::now();
     c.model->train();
     for (int64_t b = st.batch_in_epoch; b < batches_per_epoch && !done; ++b) {
+      // the global batch b; in a data-parallel job this rank takes its members rank, rank + size, ...
+      const int64_t first = b * o.batch_size, last = std::min(n, (b + 1) * o.batch_size);
+      const int64_t stride = c.comm ? c.comm->size() : 1, offset = c.comm ? c.comm->rank() : 0;
       std::vector<const EncodedExample*> ex;
-      for (int64_t i = b * o.batch_size; i < std::min(n, (b + 1) * o.batch_size); ++i)
-        ex.push_back(&c.train[order[i]]);
-      auto in = to_inputs(collate(ex, c.pad_id, c.task.regression, lm), c.device);
-      auto out = c.model->forward(in);
-      auto loss = out.loss;
-      if (auto aux = collect_aux_loss(*c.model); aux.defined()) loss = loss + aux;
-      if (auto aux = collect_peft_aux_loss(*c.model); aux.defined()) loss = loss + aux;
-      EMOE_CHECK(std::isfinite(loss.item<double>()), RuntimeError,
+      for (int64_t i = first + offset; i < last; i += stride) ex.push_back(&c.train[order[i]]);
+      const bool boundary = (b + 1) % o.grad_accum == 0 || b + 1 == batches_per_epoch;
+      if (sync && boundary) sync->arm();
+      ModelOutputs out;
+      torch::Tensor loss;
+      ModelInputs in;
+      double count = 0, tokens = 0;  // examples (or target tokens for LM) and input tokens here
+      if (!ex.empty()) {
+        in = to_inputs(collate(ex, c.pad_id, c.task.regression, lm), c.device);
+        PrecisionScope scope(precision, c.device);  // forward and loss; backward follows the graph
+        out = c.model->forward(in);
+        loss = out.loss;
+        if (auto aux = collect_aux_loss(*c.model); aux.defined()) loss = loss + aux;
+        if (auto aux = collect_peft_aux_loss(*c.model); aux.defined()) loss = loss + aux;
+        count = lm ? (in.labels.narrow(1, 1, in.labels.size(1) - 1) != -100).sum().item<double>()
+                   : static_cast<double>(ex.size());
+        tokens = in.attention_mask.sum().item<double>();
+      }
+      double loss_value = ex.empty() ? 0.0 : loss.item<double>();
+      double mean_loss = ex.empty() ? 0.0 : out.loss.item<double>();
+      double scale = 1.0;  // this rank's share of the global mean
+      if (c.comm) {
+        // one small all-reduce: the global count (to weight this rank's mean), the logged loss,
+        // the tokens, and whether any rank saw a non-finite loss
+        const bool finite = std::isfinite(loss_value);
+        auto g = c.comm->all_reduce_sum({count, count > 0 && finite ? mean_loss * count : 0.0, tokens,
+                                         finite ? 0.0 : 1.0});
+        scale = g[0] > 0 ? count * static_cast<double>(c.comm->size()) / g[0] : 0.0;
+        mean_loss = g[0] > 0 ? g[1] / g[0] : 0.0;
+        tokens = g[2];
+        if (g[3] > 0) loss_value = std::numeric_limits<double>::quiet_NaN();
+      }
+      EMOE_CHECK(std::isfinite(loss_value), RuntimeError,
                  "non-finite loss at step {} (epoch {}, batch {}); lower the learning rate",
                  st.step, epoch + 1, b);
-      (loss / static_cast<double>(o.grad_accum)).backward();
-      loss_acc += out.loss.item<double>();
+      if (!ex.empty() && count > 0) (loss * (scale / static_cast<double>(o.grad_accum))).backward();
+      loss_acc += mean_loss;
       loss_count += 1;
-      tokens_acc += in.attention_mask.sum().item<int64_t>();
-      const bool boundary = (b + 1) % o.grad_accum == 0 || b + 1 == batches_per_epoch;
+      tokens_acc += static_cast<int64_t>(tokens);
       if (!boundary) continue;
+      if (sync) sync->finish();
       if (o.grad_clip > 0) {
         const double norm = torch::nn::utils::clip_grad_norm_(opt.parameters(), o.grad_clip);
         // stop before the optimiser writes NaN into the weights (and into a checkpoint)
@@ -350,9 +427,9 @@ TrainResult run_training(const RunConfig& config, bool resume) {
       st.step += 1;
       st.batch_in_epoch = b + 1;
       if (o.usage_interval > 0 && st.step % o.usage_interval == 0) usage.snapshot(st.step, "train", true);
-      progress.update(st.step, fmt::format("epoch {}/{} loss {:.4f} lr {:.2e}", epoch + 1, epochs,
+      if (c.main_rank()) progress.update(st.step, fmt::format("epoch {}/{} loss {:.4f} lr {:.2e}", epoch + 1, epochs,
                                            loss_acc / std::max<int64_t>(1, loss_count), lr));
-      if (st.step % o.log_every == 0 || st.step == total_steps) {
+      if (c.main_rank() && (st.step % o.log_every == 0 || st.step == total_steps)) {
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
         append_metrics(metrics_path, {{"type", "train"}, {"step", st.step}, {"epoch", epoch + 1},
                                       {"loss", loss_acc / std::max<int64_t>(1, loss_count)},
@@ -364,21 +441,22 @@ TrainResult run_training(const RunConfig& config, bool resume) {
       if (st.step >= total_steps) done = true;
       if (o.save_every > 0 && st.step % o.save_every == 0 && !done) checkpoint();
       if (o.stop_after_steps > 0 && st.step == o.stop_after_steps && !done) {
-        progress.finish();
+        if (c.main_rank()) progress.finish();
         checkpoint();
+        if (c.comm) c.comm->barrier();  // the checkpoint is complete before any rank exits
         spdlog::info("stopped after {} steps as asked; continue with --resume", st.step);
         result.stopped_early = true;
         return result;
       }
     }
     st.train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-    progress.finish();
+    if (c.main_rank()) progress.finish();
     if (o.usage_interval == 0 || st.step % o.usage_interval != 0) usage.snapshot(st.step, "train", true);
     // evaluation at the end of every epoch; the best one by the task's main metric is kept
     auto sets = evaluate_all(c, usage, st.step);
     const double score = main_score(c, sets);
     nlohmann::json record = {{"type", "eval"}, {"step", st.step}, {"epoch", epoch + 1}, {"sets", sets}};
-    append_metrics(metrics_path, record);
+    if (c.main_rank()) append_metrics(metrics_path, record);
     st.history.push_back(record);
     std::vector<std::string> shown;
     for (auto& [name, v] : sets.items())
@@ -388,9 +466,11 @@ TrainResult run_training(const RunConfig& config, bool resume) {
       st.best_metric = score;
       st.best_epoch = epoch + 1;
       st.evals_without_gain = 0;
-      std::vector<std::pair<std::string, torch::Tensor>> params;
-      for (const auto& p : c.model->named_parameters()) params.emplace_back(p.key(), p.value());
-      save_safetensors(best_path, params, {{"format", "emoe-best"}, {"epoch", std::to_string(epoch + 1)}});
+      if (c.main_rank()) {
+        std::vector<std::pair<std::string, torch::Tensor>> params;
+        for (const auto& p : c.model->named_parameters()) params.emplace_back(p.key(), p.value());
+        save_safetensors(best_path, params, {{"format", "emoe-best"}, {"epoch", std::to_string(epoch + 1)}});
+      }
     } else {
       st.evals_without_gain += 1;
     }
@@ -403,6 +483,10 @@ TrainResult run_training(const RunConfig& config, bool resume) {
     checkpoint();
   }
 
+  if (c.comm) {
+    c.comm->barrier();  // every rank finished; rank 0 alone writes the deliverables
+    if (!c.main_rank()) return result;
+  }
   // restore the best epoch's weights and write the deliverables
   if (fs::exists(best_path)) {
     SafetensorsFile best(best_path);

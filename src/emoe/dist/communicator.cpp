@@ -1,0 +1,166 @@
+// c10d process group behind Communicator. USE_C10D_GLOO is defined for this file alone
+// (CMakeLists.txt), which is why it is compiled outside the unity batches.
+#include "emoe/dist/communicator.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#include <cstdlib>
+
+#include "emoe/core/error.h"
+
+namespace emoe {
+namespace {
+
+int env_int(const char* name, int fallback, int min_value) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  EMOE_CHECK(end != v && *end == '\0' && x >= min_value && x <= 1 << 20, UsageError,
+             "environment variable {}: expected an integer >= {}, got '{}'", name, min_value, v);
+  return static_cast<int>(x);
+}
+
+std::string collective_failure(const DistOptions& o, const std::string& what, const std::exception& e) {
+  std::string msg = e.what();
+  if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+  return fmt::format(
+      "distributed: rank {} of {}: {} failed (another worker died, or none answered within {} s): {}",
+      o.rank, o.world_size, what, o.timeout_s, msg);
+}
+
+class GlooPending : public PendingCollective {
+ public:
+  GlooPending(c10::intrusive_ptr<c10d::Work> work, const DistOptions& o) : work_(std::move(work)), o_(o) {}
+  void wait() override {
+    try {
+      work_->wait();
+    } catch (const std::exception& e) {
+      throw RuntimeError(collective_failure(o_, "all-reduce", e));
+    }
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  DistOptions o_;
+};
+
+}  // namespace
+
+DistOptions DistOptions::from_env() {
+  DistOptions o;
+  o.world_size = env_int("WORLD_SIZE", 1, 1);
+  o.rank = env_int("RANK", 0, 0);
+  o.local_rank = env_int("LOCAL_RANK", o.rank, 0);
+  o.local_world_size = env_int("LOCAL_WORLD_SIZE", o.world_size, 1);
+  o.master_port = env_int("MASTER_PORT", 29500, 1);
+  if (const char* a = std::getenv("MASTER_ADDR"); a != nullptr && *a != '\0') o.master_addr = a;
+  if (const char* t = std::getenv("EMOE_DIST_TIMEOUT"); t != nullptr && *t != '\0') {
+    char* end = nullptr;
+    o.timeout_s = std::strtod(t, &end);
+    EMOE_CHECK(end != t && *end == '\0' && o.timeout_s > 0, UsageError,
+               "environment variable EMOE_DIST_TIMEOUT: expected seconds > 0, got '{}'", t);
+  }
+  EMOE_CHECK(o.rank < o.world_size, UsageError, "environment variable RANK: expected < WORLD_SIZE {}, got {}",
+             o.world_size, o.rank);
+  EMOE_CHECK(o.master_port <= 65535, UsageError, "environment variable MASTER_PORT: expected <= 65535, got {}",
+             o.master_port);
+  return o;
+}
+
+struct Communicator::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+};
+
+Communicator::Communicator(const DistOptions& options) : options_(options), impl_(std::make_unique<Impl>()) {
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(options.master_port);
+    so.isServer = options.rank == 0;
+    so.numWorkers = static_cast<size_t>(options.world_size);
+    so.waitWorkers = true;
+    so.timeout = timeout;
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, so);
+    auto go = c10d::ProcessGroupGloo::Options::create();
+    go->timeout = timeout;
+    go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.master_addr));
+    impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, options.rank,
+                                                               options.world_size, go);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    EMOE_THROW(RuntimeError, "distributed: rank {} of {}: rendezvous at {}:{} failed within {} s: {}",
+               options.rank, options.world_size, options.master_addr, options.master_port,
+               options.timeout_s, msg);
+  }
+}
+
+Communicator::~Communicator() = default;
+
+std::unique_ptr<PendingCollective> Communicator::all_reduce_sum_async(at::Tensor& t) {
+  std::vector<at::Tensor> ts = {t};
+  try {
+    return std::make_unique<GlooPending>(impl_->group->allreduce(ts), options_);
+  } catch (const std::exception& e) {
+    throw RuntimeError(collective_failure(options_, "all-reduce", e));
+  }
+}
+
+void Communicator::all_reduce_sum(at::Tensor& t) { all_reduce_sum_async(t)->wait(); }
+
+std::vector<double> Communicator::all_reduce_sum(const std::vector<double>& values) {
+  auto t = torch::tensor(values, torch::kFloat64);
+  all_reduce_sum(t);
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+void Communicator::broadcast(std::vector<at::Tensor>& tensors, int root) {
+  if (tensors.empty()) return;
+  c10d::BroadcastOptions bo;
+  bo.rootRank = root;
+  try {
+    // one tensor per call: Gloo's broadcast wants tensors of one dtype and device per call
+    for (auto& t : tensors) {
+      std::vector<at::Tensor> one = {t};
+      impl_->group->broadcast(one, bo)->wait();
+    }
+  } catch (const std::exception& e) {
+    throw RuntimeError(collective_failure(options_, "broadcast", e));
+  }
+}
+
+std::vector<std::vector<double>> Communicator::all_gather(const std::vector<double>& values) {
+  const int n = size();
+  std::vector<double> len(static_cast<size_t>(n), 0.0);
+  len[static_cast<size_t>(rank())] = static_cast<double>(values.size());
+  len = all_reduce_sum(len);
+  int64_t longest = 0;
+  for (double l : len) longest = std::max<int64_t>(longest, static_cast<int64_t>(l));
+  // each rank writes its values into its own row of a zero matrix; a sum gathers them
+  auto m = torch::zeros({n, std::max<int64_t>(1, longest)}, torch::kFloat64);
+  if (!values.empty())
+    m[rank()].narrow(0, 0, static_cast<int64_t>(values.size()))
+        .copy_(torch::tensor(values, torch::kFloat64));
+  all_reduce_sum(m);
+  std::vector<std::vector<double>> out(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    auto row = m[r];
+    const double* p = row.data_ptr<double>();
+    out[static_cast<size_t>(r)].assign(p, p + static_cast<int64_t>(len[static_cast<size_t>(r)]));
+  }
+  return out;
+}
+
+void Communicator::barrier() {
+  try {
+    impl_->group->barrier()->wait();
+  } catch (const std::exception& e) {
+    throw RuntimeError(collective_failure(options_, "barrier", e));
+  }
+}
+
+}  // namespace emoe

@@ -1,0 +1,184 @@
+// Data-parallel training on c10d (Gloo over loopback): 2 processes give the losses and weights of
+// 1 process with the same global batch (dense, LoRA, EMoE); a worker that dies or hangs stops the
+// job with a clear message within the timeout, and --resume then finishes the run.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "emoe/io/safetensors.h"
+#include "support/test_support.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// bert-mini with dropout off (so that 1 and 2 processes compute the same function): the
+// config rewritten, every other file linked.
+std::string deterministic_bert(const std::string& bert, const std::string& dir) {
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(bert))
+    if (e.path().filename() != "config.json") fs::create_symlink(e.path(), fs::path(dir) / e.path().filename());
+  std::ifstream in(bert + "/config.json");
+  auto cfg = nlohmann::json::parse(in);
+  cfg["hidden_dropout_prob"] = 0.0;
+  cfg["attention_probs_dropout_prob"] = 0.0;
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
+  return dir;
+}
+
+std::string train_args(const std::string& model, const std::string& method, const std::string& out,
+                       int64_t steps, const std::string& extra = "") {
+  return fmt::format(
+      "train --set model={} --set task=sst2 --set data_dir={} --set method={} -o {} --set ood=[] "
+      "--set train.batch_size=8 --set train.max_steps={} --set train.max_length=32 "
+      "--set train.max_train_examples=400 --set train.max_eval_examples=32 --set train.log_every=1 "
+      "--set train.lr=1e-4 --set train.warmup_steps=2 --set peft.dropout=0 --set moe.experts=4 --set moe.topk=2 "
+      "--set moe.kmeans.restarts=1 --set save_best=false {}",
+      model, emoe::test::shared_path("data"), method, out, steps, extra);
+}
+
+std::vector<double> train_losses(const std::string& run) {
+  std::vector<double> out;
+  std::ifstream in(run + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] == "train") out.push_back(j["loss"].get<double>());
+  }
+  return out;
+}
+
+std::map<std::string, torch::Tensor> latest_weights(const std::string& run) {
+  std::ifstream in(run + "/checkpoints/latest");
+  std::string name;
+  std::getline(in, name);
+  return emoe::load_safetensors(run + "/checkpoints/" + name + "/model.safetensors");
+}
+
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  std::ifstream in(fmt::format("/proc/{}/task/{}/children", parent, parent));
+  for (pid_t p; in >> p;) out.push_back(p);
+  return out;
+}
+
+}  // namespace
+
+TEST(Distributed, TwoProcessesMatchOneProcess) {
+  EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
+  EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
+  emoe::test::TempDir tmp;
+  const auto model = deterministic_bert(bert, tmp.file("bert"));
+  // (method, extra settings): the last one accumulates 2 micro-batches of 4 per step, which
+  // all-reduces once per step
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"full", ""}, {"lora", ""}, {"emoe", ""},
+      {"full", " --set train.batch_size=4 --set train.grad_accum=2"}};
+  for (const auto& [method, extra] : runs) {
+    SCOPED_TRACE(method + extra);
+    auto one = tmp.file(method + "-1"), two = tmp.file(method + "-2");
+    fs::remove_all(one), fs::remove_all(two);
+    auto r1 = emoe::test::run_emoe(train_args(model, method, one, 20, "--set threads=1" + extra));
+    ASSERT_EQ(r1.exit_code, 0) << r1.err;
+    auto r2 = emoe::test::run_emoe(train_args(model, method, two, 20, "--set threads=1 --nproc 2" + extra));
+    ASSERT_EQ(r2.exit_code, 0) << r2.err;
+    EXPECT_NE(r2.err.find("data parallel: 2 ranks"), std::string::npos) << r2.err;
+    auto l1 = train_losses(one), l2 = train_losses(two);
+    ASSERT_EQ(l1.size(), 20u);
+    ASSERT_EQ(l2.size(), 20u);
+    double worst_loss = 0;
+    for (size_t i = 0; i < l1.size(); ++i) {
+      EXPECT_NEAR(l1[i], l2[i], 1e-5) << "step " << i + 1;
+      worst_loss = std::max(worst_loss, std::abs(l1[i] - l2[i]));
+    }
+    auto w1 = latest_weights(one), w2 = latest_weights(two);
+    ASSERT_EQ(w1.size(), w2.size());
+    double worst = 0;
+    for (auto& [k, t] : w1) worst = std::max(worst, emoe::test::max_abs_diff(t, w2.at(k)));
+    EXPECT_LT(worst, 1e-5);
+    std::cout << fmt::format("[ dist     ] {}{}: 20 steps, max |loss diff| {:.2e}, max |weight diff| {:.2e}\n",
+                             method, extra, worst_loss, worst);
+    // the dev metrics are those of the whole dev set, gathered from both ranks
+    auto res1 = nlohmann::json::parse(std::ifstream(one + "/results.json"));
+    auto res2 = nlohmann::json::parse(std::ifstream(two + "/results.json"));
+    EXPECT_EQ(res1["best"]["dev"]["examples"], res2["best"]["dev"]["examples"]);
+    EXPECT_NEAR(res1["best"]["dev"]["metrics"]["accuracy"].get<double>(),
+                res2["best"]["dev"]["metrics"]["accuracy"].get<double>(), 1e-9);
+    EXPECT_NEAR(res1["best"]["dev"]["loss"].get<double>(), res2["best"]["dev"]["loss"].get<double>(), 1e-5);
+  }
+}
+
+// Starts `emoe train --nproc 2` in the background, waits until it has logged `steps` steps,
+// applies `sig` to worker 1, and returns the launcher's exit code, stderr and the seconds it
+// took to stop after the signal.
+struct Interrupted {
+  int code = -1;
+  std::string err;
+  double seconds = 0;
+};
+Interrupted interrupt_worker(const std::string& args, const std::string& run, size_t steps, int sig) {
+  const auto err_file = run + ".err";
+  pid_t launcher = fork();
+  if (launcher == 0) {
+    const auto cmd = fmt::format("exec {} {} 2>{} >/dev/null", emoe::test::emoe_binary(), args, err_file);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  Interrupted r;
+  const auto t_start = std::chrono::steady_clock::now();
+  while (train_losses(run).size() < steps) {
+    if (std::chrono::steady_clock::now() - t_start > std::chrono::seconds(120)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto workers = children_of(launcher);
+  EXPECT_EQ(workers.size(), 2u);
+  // the launcher starts rank 0 first; the highest pid is rank 1
+  if (!workers.empty()) kill(*std::max_element(workers.begin(), workers.end()), sig);
+  const auto t_sig = std::chrono::steady_clock::now();
+  int status = 0;
+  waitpid(launcher, &status, 0);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_sig).count();
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(err_file);
+  r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return r;
+}
+
+TEST(Distributed, DeadOrHungWorkerStopsTheJobAndResumeFinishes) {
+  EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
+  EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
+  emoe::test::TempDir tmp;
+  const auto model = deterministic_bert(bert, tmp.file("bert"));
+  const std::string dist = "--set threads=1 --set train.save_every=2 --nproc 2 --dist-timeout 10";
+  {
+    SCOPED_TRACE("SIGKILL");
+    const auto run = tmp.file("killed");
+    auto r = interrupt_worker(train_args(model, "full", run, 40, dist), run, 5, SIGKILL);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find("worker 1 of 2"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("killed by signal 9"), std::string::npos) << r.err;
+    EXPECT_LT(r.seconds, 30.0);
+    auto again = emoe::test::run_emoe(train_args(model, "full", run, 40, dist + " --resume"));
+    ASSERT_EQ(again.exit_code, 0) << again.err;
+    EXPECT_EQ(train_losses(run).size(), 40u);
+    EXPECT_TRUE(fs::exists(run + "/results.json"));
+  }
+  {
+    SCOPED_TRACE("SIGSTOP");
+    const auto run = tmp.file("hung");
+    auto r = interrupt_worker(train_args(model, "full", run, 40, dist), run, 5, SIGSTOP);
+    EXPECT_EQ(r.code, 1) << r.err;
+    // rank 0 gives up after the 10 s timeout; the launcher then stops the hung worker
+    EXPECT_NE(r.err.find("rank 0 of 2"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("worker 0 of 2"), std::string::npos) << r.err;
+    EXPECT_LT(r.seconds, 40.0);
+    auto again = emoe::test::run_emoe(train_args(model, "full", run, 40, "--set threads=1 --set train.save_every=2 --resume"));
+    ASSERT_EQ(again.exit_code, 0) << again.err;
+    EXPECT_EQ(train_losses(run).size(), 40u);
+  }
+}
