@@ -56,9 +56,10 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::
     kk = expand(k);
     vv = expand(v);
   }
-  auto scores = torch::matmul(q, kk.transpose(-2, -1));
-  if (scale != 1.0) scores = scores * scale;
-  if (block_mask.defined()) scores = scores.masked_fill(block_mask, lowest_value(scores.scalar_type()));
+  // the scale goes on q ([T, d], smaller than the [T, S] scores), and the mask is filled in place:
+  // two passes over the scores and their temporaries fewer (matmul's backward needs its inputs only)
+  auto scores = torch::matmul(scale != 1.0 ? q * scale : q, kk.transpose(-2, -1));
+  if (block_mask.defined()) scores.masked_fill_(block_mask, lowest_value(scores.scalar_type()));
   auto acc = q.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
   auto p = torch::softmax(scores, -1, acc).to(q.scalar_type());
   if (probs) *probs = p;
