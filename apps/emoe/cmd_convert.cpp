@@ -37,7 +37,7 @@ void run_convert(const ConvertArgs& a) {
   if (a.experts) cfg.experts = a.experts;
   if (a.topk) cfg.topk = a.topk;
   else if (a.experts && cfg.method != MoeMethod::kGmoe) cfg.topk = std::max<int64_t>(1, cfg.experts / 4);
-  cfg.layers = parse_layer_list(a.layers, s.num_layers);
+  cfg.layers = parse_layer_list(a.layers, s.ffn_layers());
   cfg.split = a.split;
   cfg.seed = a.seed;
   cfg.kmeans.restarts = a.restarts;
@@ -48,7 +48,7 @@ void run_convert(const ConvertArgs& a) {
   if (a.tutel) cfg.enable_tutel_parity();
   if (!a.balance.empty()) cfg.balance = parse_balance_loss(a.balance);
   cfg.sample_tokens = a.sample_tokens;
-  cfg.validate(s.num_layers, s.intermediate_size);
+  cfg.validate(s.ffn_layers(), s.intermediate_size);
   std::vector<ModelInputs> sample;
   if (!a.sample.empty()) sample = read_sample_batches(a.sample, a.model_dir, cfg.sample_tokens, 128);
 

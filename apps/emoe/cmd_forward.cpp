@@ -36,6 +36,9 @@ void run_forward(const ForwardArgs& a) {
   in.token_type_ids = load_ids("token_type_ids");
   in.position_ids = load_ids("position_ids");
   in.labels = in_file.contains("labels") ? in_file.load("labels") : torch::Tensor();
+  // encoder-decoder models (T5): the decoder's tokens (default: labels shifted right)
+  in.decoder_input_ids = load_ids("decoder_input_ids");
+  in.decoder_attention_mask = load_ids("decoder_attention_mask");
   for (const auto& [name, t] : {std::pair<const char*, torch::Tensor>{"attention_mask", in.attention_mask},
                                 {"token_type_ids", in.token_type_ids}, {"position_ids", in.position_ids}}) {
     if (t.defined())
@@ -43,6 +46,11 @@ void run_forward(const ForwardArgs& a) {
                  "{}: tensor '{}': shape [{}] differs from input_ids [{}]", a.input, name,
                  fmt::join(t.sizes(), ", "), fmt::join(in.input_ids.sizes(), ", "));
   }
+  if (in.decoder_attention_mask.defined())
+    EMOE_CHECK(in.decoder_input_ids.defined() &&
+                   in.decoder_attention_mask.sizes() == in.decoder_input_ids.sizes(),
+               InputError, "{}: tensor 'decoder_attention_mask' needs 'decoder_input_ids' of the same shape",
+               a.input);
   EMOE_CHECK(in.input_ids.numel() > 0, InputError, "{}: tensor 'input_ids' is empty", a.input);
   in.output_hidden_states = !a.no_hidden_states;
   in.output_attentions = a.attentions;
@@ -57,6 +65,25 @@ void run_forward(const ForwardArgs& a) {
   EMOE_CHECK(lo_id >= 0 && hi_id < s.vocab_size, InputError,
              "{}: tensor 'input_ids': ids must lie in [0, {}), found {}..{}", a.input, s.vocab_size,
              lo_id, hi_id);
+  const bool seq2seq = s.encoder_decoder();
+  EMOE_CHECK(seq2seq || !in.decoder_input_ids.defined(), InputError,
+             "{}: tensor 'decoder_input_ids' is for encoder-decoder models; this is a {} model",
+             a.input, s.model_type);
+  if (seq2seq) {
+    EMOE_CHECK(in.decoder_input_ids.defined() || (in.labels.defined() && s.head == Head::kSeq2SeqLM),
+               InputError, "{}: a {} {} model needs tensor 'decoder_input_ids'{}", a.input,
+               s.model_type, head_name(s.head),
+               s.head == Head::kSeq2SeqLM ? " (or 'labels', shifted right to make them)" : "");
+    if (in.decoder_input_ids.defined()) {
+      EMOE_CHECK(in.decoder_input_ids.size(0) == in.input_ids.size(0) && in.decoder_input_ids.numel() > 0,
+                 InputError, "{}: tensor 'decoder_input_ids': expected a non-empty [{}, seq], got [{}]",
+                 a.input, in.input_ids.size(0), fmt::join(in.decoder_input_ids.sizes(), ", "));
+      auto dlo = in.decoder_input_ids.min().item<int64_t>(), dhi = in.decoder_input_ids.max().item<int64_t>();
+      EMOE_CHECK(dlo >= 0 && dhi < s.vocab_size, InputError,
+                 "{}: tensor 'decoder_input_ids': ids must lie in [0, {}), found {}..{}", a.input,
+                 s.vocab_size, dlo, dhi);
+    }
+  }
   if (in.position_ids.defined()) {
     auto pmax = in.position_ids.max().item<int64_t>();
     EMOE_CHECK(in.position_ids.min().item<int64_t>() >= 0 && pmax < s.max_positions, InputError,
@@ -69,10 +96,21 @@ void run_forward(const ForwardArgs& a) {
   auto f32 = [](const torch::Tensor& t) { return t.to(torch::kCPU).to(torch::kFloat); };
   if (out.logits.defined()) tensors.emplace_back("logits", f32(out.logits));
   tensors.emplace_back("last_hidden_state", f32(out.last_hidden_state));
+  if (out.encoder_last_hidden_state.defined())
+    tensors.emplace_back("encoder_last_hidden_state", f32(out.encoder_last_hidden_state));
   if (out.pooler_output.defined()) tensors.emplace_back("pooler_output", f32(out.pooler_output));
   if (out.loss.defined()) tensors.emplace_back("loss", f32(out.loss));
-  if (!out.hidden_states.empty()) tensors.emplace_back("hidden_states", f32(torch::stack(out.hidden_states)));
-  if (!out.attentions.empty()) tensors.emplace_back("attentions", f32(torch::stack(out.attentions)));
+  // encoder-decoder models: Hugging Face's names, decoder_* and encoder_*
+  const std::string prefix = seq2seq ? "decoder_" : "";
+  if (!out.hidden_states.empty())
+    tensors.emplace_back(prefix + "hidden_states", f32(torch::stack(out.hidden_states)));
+  if (!out.attentions.empty()) tensors.emplace_back(prefix + "attentions", f32(torch::stack(out.attentions)));
+  if (!out.encoder_hidden_states.empty())
+    tensors.emplace_back("encoder_hidden_states", f32(torch::stack(out.encoder_hidden_states)));
+  if (!out.encoder_attentions.empty())
+    tensors.emplace_back("encoder_attentions", f32(torch::stack(out.encoder_attentions)));
+  if (!out.cross_attentions.empty())
+    tensors.emplace_back("cross_attentions", f32(torch::stack(out.cross_attentions)));
   save_safetensors(a.output, tensors, {{"format", "pt"}, {"producer", "emoe forward"}});
   spdlog::info("wrote {} ({} tensors)", a.output, tensors.size());
 }
@@ -85,10 +123,11 @@ void register_forward(CLI::App& app) {
       "forward", "Run a model on tensors from a safetensors file and write its outputs");
   cmd->add_option("MODEL_DIR", a->model_dir, "Model folder")->required();
   cmd->add_option("--input,-i", a->input,
-                  "safetensors with input_ids [and attention_mask, token_type_ids, position_ids, labels]")
+                  "safetensors with input_ids [and attention_mask, token_type_ids, position_ids, labels; "
+                  "T5: decoder_input_ids, decoder_attention_mask]")
       ->required();
   cmd->add_option("--output,-o", a->output, "Where to write logits / hidden states")->required();
-  cmd->add_option("--head", a->head, "Override the head: base, seqcls, mlm, lm");
+  cmd->add_option("--head", a->head, "Override the head: base, seqcls, mlm, lm, seq2seq-lm");
   cmd->add_flag("--no-hidden-states", a->no_hidden_states, "Do not write hidden_states");
   cmd->add_flag("--attentions", a->attentions, "Also write attention probabilities");
   add_run_flags(cmd, a->run);

@@ -45,6 +45,7 @@ void run_info(const InfoArgs& a) {
       if (k.find(p) != std::string::npos) return true;
     return false;
   };
+  const void* embedding = model->input_embeddings().data_ptr();  // T5's `shared`, ...
   int64_t embed = 0, attn = 0, ffn = 0, norm = 0, head_params = 0, total = 0;
   for (const auto& p : model->named_parameters()) {
     const auto& k = p.key();
@@ -52,7 +53,7 @@ void run_info(const InfoArgs& a) {
     total += n;
     if (model->is_head_key(k)) head_params += n;
     else if (ffn_ptrs.count(p.value().data_ptr())) ffn += n;
-    else if (has(k, {"embed", "wte", "wpe"})) embed += n;
+    else if (p.value().data_ptr() == embedding || has(k, {"embed", "wte", "wpe"})) embed += n;
     else if (has(k, {"norm", "LayerNorm", "ln_"})) norm += n;
     else attn += n;
   }
@@ -72,6 +73,7 @@ void run_info(const InfoArgs& a) {
   j["architecture"] = model->config_json()["architectures"][0];
   j["head"] = head_name(s.head);
   j["layers"] = s.num_layers;
+  if (s.encoder_decoder()) j["decoder_layers"] = s.num_decoder_layers;
   j["hidden_size"] = s.hidden_size;
   j["attention_heads"] = s.num_heads;
   j["kv_heads"] = s.num_kv_heads;
@@ -101,7 +103,10 @@ void run_info(const InfoArgs& a) {
   std::cout << fmt::format("model        {}\n", a.model_dir)
             << fmt::format("architecture {} ({}, head: {})\n", j["architecture"].get<std::string>(),
                            s.model_type, head_name(s.head))
-            << fmt::format("layers       {}   hidden {}   heads {} (kv {})\n", s.num_layers,
+            << fmt::format("layers       {}   hidden {}   heads {} (kv {})\n",
+                           s.encoder_decoder() ? fmt::format("{} encoder + {} decoder (FFN slots 0..{})",
+                                                             s.num_layers, s.num_decoder_layers, s.ffn_layers() - 1)
+                                               : std::to_string(s.num_layers),
                            s.hidden_size, s.num_heads, s.num_kv_heads)
             << fmt::format("ffn          {} x {} ({}{})   valid expert counts N: {}\n",
                            s.hidden_size, s.intermediate_size, s.activation,

@@ -112,7 +112,9 @@ TEST(PeftConfigs, DefaultsAndNames) {
   EXPECT_EQ(emoe::default_feedforward_targets(PeftMethod::kIa3, "llama"),
             std::vector<std::string>{"down_proj"});
   EXPECT_TRUE(emoe::default_feedforward_targets(PeftMethod::kLora, "bert").empty());
-  EXPECT_THROW(emoe::default_targets(PeftMethod::kLora, "t5"), emoe::UsageError);
+  EXPECT_EQ(emoe::default_targets(PeftMethod::kLora, "t5"), (std::vector<std::string>{"q", "v"}));
+  EXPECT_EQ(emoe::default_feedforward_targets(PeftMethod::kIa3, "t5"), std::vector<std::string>{"wo"});
+  EXPECT_THROW(emoe::default_targets(PeftMethod::kLora, "opt"), emoe::UsageError);
   // The wildcard picks BERT's FFN output, not the attention output projection
   EXPECT_TRUE(emoe::target_matches("layer.*.output.dense", "bert.encoder.layer.1.output.dense"));
   EXPECT_FALSE(

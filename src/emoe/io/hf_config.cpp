@@ -118,7 +118,7 @@ std::string detect_model_type(const JsonFields& cfg) {
     else if (a.rfind("T5", 0) == 0) t = "t5";
   }
   if (t == "bert" || t == "gpt2" || t == "llama" || t == "t5") return t;
-  cfg.fail("model_type", fmt::format("expected one of bert, gpt2, llama (t5 later), got '{}'", t));
+  cfg.fail("model_type", fmt::format("expected one of bert, gpt2, llama, t5, got '{}'", t));
 }
 
 }  // namespace emoe

@@ -13,6 +13,9 @@ struct LayerKv {
 };
 struct KvCache {
   std::vector<LayerKv> layers;
+  // Encoder-decoder models: each decoder layer's cross-attention keys and values over the encoder
+  // output, computed at the first step and reused.
+  std::vector<LayerKv> cross;
   int64_t length() const;  // number of cached positions (0 when empty)
 };
 

@@ -11,6 +11,7 @@
 #include "emoe/models/bert.h"
 #include "emoe/models/gpt2.h"
 #include "emoe/models/llama.h"
+#include "emoe/models/t5.h"
 
 namespace emoe {
 namespace fs = std::filesystem;
@@ -20,6 +21,7 @@ Head default_head(const JsonFields& config) {
   if (type == "bert") return bert_head_from_config(config);
   if (type == "gpt2") return gpt2_head_from_config(config);
   if (type == "llama") return llama_head_from_config(config);
+  if (type == "t5") return t5_head_from_config(config);
   config.fail("model_type", fmt::format("model type '{}' is not supported yet", type));
 }
 
@@ -43,6 +45,7 @@ ModelPtr create_model(const JsonFields& config, Head head, std::optional<int64_t
   if (type == "bert") return make_bert(cfg, head);
   if (type == "gpt2") return make_gpt2(cfg, head);
   if (type == "llama") return make_llama(cfg, head);
+  if (type == "t5") return make_t5(cfg, head);
   cfg.fail("model_type", fmt::format("model type '{}' is not supported yet", type));
 }
 

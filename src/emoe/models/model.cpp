@@ -13,6 +13,7 @@ std::string head_name(Head h) {
     case Head::kSequenceClassification: return "seqcls";
     case Head::kMaskedLM: return "mlm";
     case Head::kCausalLM: return "lm";
+    case Head::kSeq2SeqLM: return "seq2seq-lm";
   }
   return "?";
 }
@@ -23,7 +24,8 @@ Head parse_head(const std::string& name) {
     return Head::kSequenceClassification;
   if (name == "mlm" || name == "masked-lm") return Head::kMaskedLM;
   if (name == "lm" || name == "causal-lm") return Head::kCausalLM;
-  EMOE_THROW(UsageError, "--head: expected base, seqcls, mlm or lm, got '{}'", name);
+  if (name == "seq2seq-lm" || name == "s2s" || name == "seq2seq") return Head::kSeq2SeqLM;
+  EMOE_THROW(UsageError, "--head: expected base, seqcls, mlm, lm or seq2seq-lm, got '{}'", name);
 }
 
 std::shared_ptr<torch::nn::Module> container() { return std::make_shared<torch::nn::Module>(); }

@@ -13,19 +13,26 @@
 
 namespace emoe {
 
-enum class Head { kBase, kSequenceClassification, kMaskedLM, kCausalLM };
+// kSeq2SeqLM: an encoder-decoder language model (T5ForConditionalGeneration).
+enum class Head { kBase, kSequenceClassification, kMaskedLM, kCausalLM, kSeq2SeqLM };
 std::string head_name(Head h);
-// "base", "seqcls"/"sequence-classification", "mlm", "lm"/"causal-lm".
+// "base", "seqcls"/"sequence-classification", "mlm", "lm"/"causal-lm", "seq2seq-lm"/"s2s".
 Head parse_head(const std::string& name);
 
 struct ModelSummary {
-  std::string model_type;  // bert, gpt2, llama
+  std::string model_type;  // bert, gpt2, llama, t5
   Head head = Head::kBase;
   bool causal = false;     // decoder-only (GPT-2, Llama)
-  int64_t num_layers = 0, hidden_size = 0, num_heads = 0, num_kv_heads = 0;
+  // Encoder-decoder models (T5): num_layers counts the encoder's blocks and num_decoder_layers
+  // the decoder's; ffn_slots() lists the encoder's FFNs first, then the decoder's. 0 otherwise.
+  int64_t num_layers = 0, num_decoder_layers = 0, hidden_size = 0, num_heads = 0, num_kv_heads = 0;
   int64_t intermediate_size = 0, vocab_size = 0, max_positions = 0, num_labels = 0;
   std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
+  std::optional<int64_t> decoder_start_token_id;  // encoder-decoder models
   std::string activation;
+  bool encoder_decoder() const { return num_decoder_layers > 0; }
+  // The number of FFN slots (what MoE layer indices count): encoder + decoder layers.
+  int64_t ffn_layers() const { return num_layers + num_decoder_layers; }
 };
 
 struct ModelInputs {
@@ -34,9 +41,15 @@ struct ModelInputs {
   torch::Tensor token_type_ids;  // [B, T] (BERT), optional
   torch::Tensor position_ids;    // [B, T], optional (default past..past+T-1)
   torch::Tensor labels;          // optional: a loss is computed when defined
+  // Encoder-decoder models (T5): input_ids/attention_mask feed the encoder.
+  torch::Tensor decoder_input_ids;       // [B, T'] (default: labels shifted right)
+  torch::Tensor decoder_attention_mask;  // [B, past + T'] optional (default: causal only)
+  // [B, S, H] a previous run's encoder output (incremental decoding): the encoder is skipped
+  torch::Tensor encoder_last_hidden_state;
   bool output_hidden_states = false;
   bool output_attentions = false;
-  KvCache* cache = nullptr;      // decoder-only models: read and extended in place
+  KvCache* cache = nullptr;      // decoder self-attention (and cross-attention) keys and values:
+                                 // read and extended in place
 };
 
 struct ModelOutputs {
@@ -46,6 +59,12 @@ struct ModelOutputs {
   torch::Tensor loss;               // when labels were given
   std::vector<torch::Tensor> hidden_states;  // layers + 1 entries, when asked
   std::vector<torch::Tensor> attentions;     // per layer [B, heads, T, S], when asked
+  // Encoder-decoder models: hidden_states/attentions above are the decoder's (as Hugging Face's
+  // decoder_hidden_states/decoder_attentions), these the encoder's and the cross-attention's.
+  torch::Tensor encoder_last_hidden_state;           // [B, S, H]
+  std::vector<torch::Tensor> encoder_hidden_states;  // encoder layers + 1, when asked
+  std::vector<torch::Tensor> encoder_attentions;     // per layer [B, heads, S, S], when asked
+  std::vector<torch::Tensor> cross_attentions;       // per layer [B, heads, T, S], when asked
 };
 
 class PretrainedModelImpl : public torch::nn::Module {

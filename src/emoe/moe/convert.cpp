@@ -116,8 +116,8 @@ FfnActivations collect_ffn_activations(PretrainedModelImpl& model, const std::ve
 MoeState convert_to_moe(PretrainedModelImpl& model, MoeConfig cfg,
                         const std::vector<ModelInputs>& sample) {
   const auto& s = model.summary();
-  if (cfg.layers.empty()) cfg.layers = default_moe_layers(s.num_layers);
-  cfg.validate(s.num_layers, s.intermediate_size);
+  if (cfg.layers.empty()) cfg.layers = default_moe_layers(s.ffn_layers());
+  cfg.validate(s.ffn_layers(), s.intermediate_size);
   for (auto l : cfg.layers)
     EMOE_CHECK(!slot_at(model, l).plug(), UsageError, "layer {} is already converted", l);
   const bool need_acts = cfg.method == MoeMethod::kMoefication ||
@@ -179,7 +179,7 @@ MoeState convert_to_moe(PretrainedModelImpl& model, MoeConfig cfg,
 
 void attach_moe(PretrainedModelImpl& model, const MoeState& state) {
   const auto& s = model.summary();
-  state.config.validate(s.num_layers, s.intermediate_size);
+  state.config.validate(s.ffn_layers(), s.intermediate_size);
   for (const auto& [l, split] : state.splits) {
     auto& slot = slot_at(model, l);
     EMOE_CHECK(static_cast<int64_t>(split.permutation.size()) == s.intermediate_size, InputError,

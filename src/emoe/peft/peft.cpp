@@ -66,6 +66,11 @@ std::optional<std::vector<std::string>> peft_defaults(PeftMethod m, const std::s
     if (scaling) return std::vector<std::string>{"k_proj", "v_proj", "down_proj"};
     return std::vector<std::string>{"q_proj", "v_proj"};
   }
+  if (type == "t5") {  // PEFT's mappings; k, v (and q) also match the cross-attention's
+    if (feedforward) return std::vector<std::string>{"wo"};
+    if (scaling) return std::vector<std::string>{"k", "v", "wo"};
+    return std::vector<std::string>{"q", "v"};
+  }
   return std::nullopt;
 }
 
@@ -74,7 +79,7 @@ std::vector<std::string> peft_defaults_or_throw(PeftMethod m, const std::string&
   auto d = peft_defaults(m, type, feedforward);
   EMOE_CHECK(d.has_value(), UsageError,
              "peft.targets: no default {} targets for model type '{}' (known: bert, gpt2, "
-             "llama); give the targets explicitly",
+             "llama, t5); give the targets explicitly",
              to_string(m), type);
   return *d;
 }

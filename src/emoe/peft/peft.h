@@ -33,9 +33,10 @@ struct PeftConfig {
 };
 
 // Defaults per architecture (SPEC §3.3): LoRA / MoLoRA: BERT query,value; GPT-2 c_attn;
-// Llama q_proj,v_proj. (IA)^3 / MoV: keys and values (BERT key,value; GPT-2 the k and v parts
-// of c_attn; Llama k_proj,v_proj) at their output, and the FFN intermediate (BERT
-// output.dense, GPT-2 mlp.c_proj, Llama down_proj) at its input. BERT's FFN output is spelled
+// Llama q_proj,v_proj; T5 q,v. (IA)^3 / MoV: keys and values (BERT key,value; GPT-2 the k and v
+// parts of c_attn; Llama k_proj,v_proj; T5 k,v) at their output, and the FFN intermediate (BERT
+// output.dense, GPT-2 mlp.c_proj, Llama down_proj, T5 wo) at its input. T5's names are PEFT's
+// own mapping: they also select the decoder's cross-attention (EncDecAttention). BERT's FFN output is spelled
 // "layer.*.output.dense" so that attention.output.dense is not caught (PEFT's "output.dense"
 // catches both). On GPT-2's fused c_attn, (IA)^3 / MoV scale only the k and v columns [d, 3d);
 // q is left untouched (a PEFT file stores 1 there).

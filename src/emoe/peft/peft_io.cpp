@@ -38,6 +38,8 @@ nlohmann::json peft_task_type(Head h) {
       return "SEQ_CLS";
     case Head::kCausalLM:
       return "CAUSAL_LM";
+    case Head::kSeq2SeqLM:
+      return "SEQ_2_SEQ_LM";
     case Head::kBase:
       return "FEATURE_EXTRACTION";
     case Head::kMaskedLM:
@@ -182,6 +184,7 @@ nlohmann::json peft_default_feedforward(const std::string& model_type) {
   if (model_type == "bert") return nlohmann::json::array({"output.dense"});
   if (model_type == "gpt2") return nlohmann::json::array({"mlp.c_proj"});
   if (model_type == "llama") return nlohmann::json::array({"down_proj"});
+  if (model_type == "t5") return nlohmann::json::array({"wo"});
   return nlohmann::json::array();
 }
 
@@ -230,9 +233,13 @@ PeftFileConfig peft_read_config(const nlohmann::json& j, const PretrainedModelIm
   else if (task == "CAUSAL_LM" && head != Head::kCausalLM)
     bad("task_type",
         fmt::format("a task for this {} model (it is not a causal LM)", head_name(head)), task);
+  else if (task == "SEQ_2_SEQ_LM" && head != Head::kSeq2SeqLM)
+    bad("task_type",
+        fmt::format("a task for this {} model (it is not a sequence-to-sequence LM)", head_name(head)),
+        task);
   else if (!task.is_null() && task != "SEQ_CLS" && task != "CAUSAL_LM" &&
-           task != "FEATURE_EXTRACTION")
-    bad("task_type", "null, SEQ_CLS, CAUSAL_LM or FEATURE_EXTRACTION", task);
+           task != "SEQ_2_SEQ_LM" && task != "FEATURE_EXTRACTION")
+    bad("task_type", "null, SEQ_CLS, CAUSAL_LM, SEQ_2_SEQ_LM or FEATURE_EXTRACTION", task);
 
   auto is_names = [](const nlohmann::json& v) {
     if (v.is_string()) return true;
