@@ -182,3 +182,19 @@ TEST(TrainE2E, Bf16MixedPrecisionTracksFp32) {
   EXPECT_TRUE(std::isfinite(rb.results["best"]["dev"]["loss"].get<double>()));
   EXPECT_THROW(tiny_run(bert, "full", b, {"train.precision=fp16"}).validate(), emoe::InputError);
 }
+
+// train.nonfinite: skip — the same diverging run finishes: steps with a non-finite loss or
+// gradient are skipped and counted, and no weight ever becomes non-finite.
+TEST(Train, NonFiniteStepsAreSkippedByPolicy) {
+  EMOE_REQUIRE_SHARED(stories, "models/stories260K/hf");
+  emoe::test::TempDir tmp;
+  auto cfg = tiny_run(stories, "full", tmp.file("run"),
+                      {"train.lr=1e12", "train.save_every=1", "train.grad_clip=0", "train.nonfinite=skip",
+                       "save_best=false"});
+  auto r = emoe::run_training(cfg, false);
+  EXPECT_GT(r.results["skipped_steps"].get<int64_t>(), 0);
+  EXPECT_LE(r.results["skipped_steps"].get<int64_t>(), r.results["steps"].get<int64_t>());
+  for (const auto& [name, t] : checkpoint_weights(tmp.file("run")))
+    EXPECT_TRUE(torch::isfinite(t).all().item<bool>()) << name;
+  EXPECT_THROW(tiny_run(stories, "full", tmp.file("x"), {"train.nonfinite=ignore"}).validate(), emoe::InputError);
+}

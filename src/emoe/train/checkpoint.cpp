@@ -20,7 +20,7 @@ nlohmann::json TrainState::to_json() const {
           {"best_metric", std::isfinite(best_metric) ? nlohmann::json(best_metric) : nlohmann::json()},
           {"best_epoch", best_epoch}, {"evals_without_gain", evals_without_gain},
           {"metrics_bytes", metrics_bytes}, {"train_seconds", train_seconds}, {"history", history},
-          {"usage", usage}};
+          {"usage", usage}, {"skipped_steps", skipped_steps}};
 }
 
 TrainState TrainState::from_json(const nlohmann::json& j, const std::string& where) {
@@ -36,6 +36,7 @@ TrainState TrainState::from_json(const nlohmann::json& j, const std::string& whe
     s.train_seconds = j.value("train_seconds", 0.0);
     s.history = j.at("history");
     s.usage = j.value("usage", nlohmann::json());
+    s.skipped_steps = j.value("skipped_steps", int64_t{0});
   } catch (const nlohmann::json::exception& e) {
     EMOE_THROW(InputError, "{}: malformed training state: {}", where, e.what());
   }

@@ -120,7 +120,8 @@ nlohmann::json RunConfig::to_json() const {
                        {"max_train_examples", t.max_train_examples},
                        {"max_eval_examples", t.max_eval_examples}, {"log_every", t.log_every},
                        {"save_every", t.save_every}, {"stop_after_steps", t.stop_after_steps},
-                       {"usage_interval", t.usage_interval}, {"precision", t.precision}};
+                       {"usage_interval", t.usage_interval}, {"precision", t.precision},
+                       {"nonfinite", t.nonfinite}};
   nlohmann::json pj = {{"targets", peft.targets}, {"feedforward_targets", peft.feedforward_targets},
                        {"r", peft.r}, {"alpha", peft.alpha}, {"dropout", peft.dropout},
                        {"experts", peft.experts}, {"topk", peft.topk},
@@ -274,6 +275,7 @@ RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where
     tr.get("stop_after_steps", o.stop_after_steps);
     tr.get("usage_interval", o.usage_interval);
     tr.get("precision", o.precision);
+    tr.get("nonfinite", o.nonfinite);
     tr.finish();
   }
   r.finish();
@@ -316,6 +318,8 @@ void RunConfig::validate() const {
   if (t.max_length < 8) bad("train.max_length", fmt::format("expected >= 8, got {}", t.max_length));
   if (t.grad_clip < 0) bad("train.grad_clip", "expected >= 0");
   if (t.usage_interval < 0) bad("train.usage_interval", "expected >= 0");
+  if (t.nonfinite != "stop" && t.nonfinite != "skip")
+    bad("train.nonfinite", fmt::format("expected stop or skip, got '{}'", t.nonfinite));
   if (t.precision != "fp32" && t.precision != "bf16-mixed")
     bad("train.precision", fmt::format("expected fp32 or bf16-mixed, got '{}'", t.precision));
   if (t.precision == "bf16-mixed" && dtype != "float32")

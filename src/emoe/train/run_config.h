@@ -38,6 +38,9 @@ struct TrainOptions {
   // fp32 | bf16-mixed (matrix multiplies in bfloat16 under autocast, for training and the
   // evaluations of the run; weights, optimiser state, norms and losses stay float32)
   std::string precision = "fp32";
+  // A non-finite loss or gradient norm: "stop" the run with a message, or "skip" the optimiser
+  // step (gradients dropped, counted as skipped_steps in the logs); never written to the weights.
+  std::string nonfinite = "stop";
 };
 
 // A classification data set from the user's own files (instead of a GLUE task).

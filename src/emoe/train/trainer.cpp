@@ -361,6 +361,8 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
     usage.save(c.dir);
   };
   const Precision precision = parse_precision(o.precision);
+  const bool skip_nonfinite = o.nonfinite == "skip";
+  bool skip_window = false;  // the accumulation window in progress saw a non-finite loss
   set_phase(c, false);
   for (int64_t epoch = st.epoch; epoch < epochs && !done; ++epoch) {
     st.epoch = epoch;
@@ -404,35 +406,52 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
         tokens = g[2];
         if (g[3] > 0) loss_value = std::numeric_limits<double>::quiet_NaN();
       }
-      EMOE_CHECK(std::isfinite(loss_value), RuntimeError,
-                 "non-finite loss at step {} (epoch {}, batch {}); lower the learning rate",
-                 st.step, epoch + 1, b);
-      if (!ex.empty() && count > 0) (loss * (scale / static_cast<double>(o.grad_accum))).backward();
-      loss_acc += mean_loss;
-      loss_count += 1;
+      if (!std::isfinite(loss_value)) {
+        EMOE_CHECK(skip_nonfinite, RuntimeError,
+                   "non-finite loss at step {} (epoch {}, batch {}); lower the learning rate "
+                   "(or set train.nonfinite: skip)", st.step, epoch + 1, b);
+        skip_window = true;
+      }
+      if (!skip_window && !ex.empty() && count > 0) (loss * (scale / static_cast<double>(o.grad_accum))).backward();
+      if (std::isfinite(loss_value)) loss_acc += mean_loss, loss_count += 1;
       tokens_acc += static_cast<int64_t>(tokens);
       if (!boundary) continue;
       if (sync) sync->finish();
-      if (o.grad_clip > 0) {
-        const double norm = torch::nn::utils::clip_grad_norm_(opt.parameters(), o.grad_clip);
+      if (!skip_window && (o.grad_clip > 0 || skip_nonfinite)) {
+        // infinity: the norm alone (checked), nothing clipped
+        const double norm = torch::nn::utils::clip_grad_norm_(
+            opt.parameters(), o.grad_clip > 0 ? o.grad_clip : std::numeric_limits<double>::infinity());
         // stop before the optimiser writes NaN into the weights (and into a checkpoint)
-        EMOE_CHECK(std::isfinite(norm), RuntimeError,
-                   "non-finite gradient norm at step {} (epoch {}, batch {}); lower the learning rate", st.step,
-                   epoch + 1, b);
+        EMOE_CHECK(std::isfinite(norm) || skip_nonfinite, RuntimeError,
+                   "non-finite gradient norm at step {} (epoch {}, batch {}); lower the learning rate "
+                   "(or set train.nonfinite: skip)", st.step, epoch + 1, b);
+        skip_window = !std::isfinite(norm);
       }
       opt.set_lr_factor(schedule_factor(o.schedule, st.step, total_steps, warmup));
       const double lr = opt.current_lr();
-      opt.step();
+      if (skip_window) {
+        st.skipped_steps += 1;
+        spdlog::warn("step {}: non-finite loss or gradient; optimiser step skipped ({} so far)", st.step + 1,
+                     st.skipped_steps);
+      } else {
+        opt.step();
+      }
       opt.zero_grad();
+      skip_window = false;
       st.step += 1;
       st.batch_in_epoch = b + 1;
       if (o.usage_interval > 0 && st.step % o.usage_interval == 0) usage.snapshot(st.step, "train", true);
-      if (c.main_rank()) progress.update(st.step, fmt::format("epoch {}/{} loss {:.4f} lr {:.2e}", epoch + 1, epochs,
-                                           loss_acc / std::max<int64_t>(1, loss_count), lr));
+      if (c.main_rank())
+        progress.update(st.step, fmt::format("epoch {}/{} loss {} lr {:.2e}", epoch + 1, epochs,
+                                             loss_count > 0 ? fmt::format("{:.4f}", loss_acc / static_cast<double>(loss_count))
+                                                            : std::string("n/a"),
+                                             lr));
       if (c.main_rank() && (st.step % o.log_every == 0 || st.step == total_steps)) {
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
         append_metrics(metrics_path, {{"type", "train"}, {"step", st.step}, {"epoch", epoch + 1},
-                                      {"loss", loss_acc / std::max<int64_t>(1, loss_count)},
+                                      {"loss", loss_count > 0 ? nlohmann::json(loss_acc / static_cast<double>(loss_count))
+                                                              : nlohmann::json()},
+                                      {"skipped_steps", st.skipped_steps},
                                       {"lr", lr}, {"tokens_per_s", tokens_acc / std::max(secs, 1e-9)},
                                       {"batches_per_s", loss_count / std::max(secs, 1e-9)}});
         loss_acc = 0, loss_count = 0, tokens_acc = 0;
@@ -502,7 +521,8 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
                         {"task", c.cfg.task}, {"seed", o.seed}, {"lr", o.lr}, {"ablation", c.cfg.ablation},
                         {"best_epoch", st.best_epoch}, {"best", best_sets},
                         {"main_metric", c.cfg.objective == "classification" ? c.task.main_metric : "dev_loss"},
-                        {"epochs_run", st.epoch}, {"steps", st.step}, {"train_seconds", st.train_seconds},
+                        {"epochs_run", st.epoch}, {"steps", st.step}, {"skipped_steps", st.skipped_steps},
+                        {"train_seconds", st.train_seconds},
                         {"parameters", {{"total", counts.total}, {"trainable", counts.trainable}}},
                         {"history", st.history}};
   usage.save(c.dir);
