@@ -67,6 +67,13 @@ void make_fixtures(const std::string& t, const std::string& bert) {
   fs::copy(bert + "/model.safetensors", t + "/noconfig/model.safetensors");
   bad_write(copy("badjson") + "/config.json", "{not json");
   edit_config(copy("wrongtype"), [](nlohmann::json& j) { j["num_hidden_layers"] = "four"; });
+  edit_config(copy("hugevocab"), [](nlohmann::json& j) { j["vocab_size"] = int64_t{1000000000000}; });
+  edit_config(copy("hugemodel"), [](nlohmann::json& j) {
+    j["num_hidden_layers"] = 4000;
+    j["hidden_size"] = 65536;
+    j["num_attention_heads"] = 1024;
+    j["intermediate_size"] = 262144;
+  });
   fs::resize_file(copy("trunc") + "/model.safetensors", 1000);
   fs::create_directories(t + "/pickle");
   fs::copy(bert + "/config.json", t + "/pickle/config.json");

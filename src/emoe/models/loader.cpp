@@ -3,6 +3,9 @@
 
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -25,6 +28,54 @@ Head default_head(const JsonFields& config) {
   config.fail("model_type", fmt::format("model type '{}' is not supported yet", type));
 }
 
+namespace {
+
+// A config.json (perhaps downloaded) that claims huge sizes is refused before anything is
+// allocated: each size field has a bound, and the parameters it implies must fit in memory.
+void check_config_sizes(const JsonFields& cfg) {
+  struct Bound {
+    const char* key;
+    int64_t max;
+  };
+  static const Bound bounds[] = {
+      {"vocab_size", int64_t{1} << 24},      {"hidden_size", int64_t{1} << 17},
+      {"n_embd", int64_t{1} << 17},          {"d_model", int64_t{1} << 17},
+      {"d_kv", int64_t{1} << 17},            {"intermediate_size", int64_t{1} << 20},
+      {"n_inner", int64_t{1} << 20},         {"d_ff", int64_t{1} << 20},
+      {"num_hidden_layers", 4096},           {"n_layer", 4096},
+      {"num_layers", 4096},                  {"num_decoder_layers", 4096},
+      {"num_attention_heads", 1 << 14},      {"n_head", 1 << 14},
+      {"num_heads", 1 << 14},                {"num_key_value_heads", 1 << 14},
+      {"max_position_embeddings", int64_t{1} << 24}, {"n_positions", int64_t{1} << 24},
+      {"type_vocab_size", 1 << 16},          {"relative_attention_num_buckets", 1 << 16}};
+  auto get = [&](const char* key) -> int64_t {
+    if (!cfg.has(key) || !cfg.raw().at(key).is_number_integer()) return 0;
+    return cfg.raw().at(key).get<int64_t>();
+  };
+  for (const auto& b : bounds) {
+    const int64_t v = get(b.key);
+    if (v < 0 || v > b.max)
+      cfg.fail(b.key, fmt::format("expected 0..{}, got {} (refused before allocating)", b.max, v));
+  }
+  // a rough upper estimate of the parameter count (embeddings + per-layer attention and FFN)
+  const double h = static_cast<double>(std::max({get("hidden_size"), get("n_embd"), get("d_model")}));
+  const double ff = static_cast<double>(std::max({get("intermediate_size"), get("n_inner"), get("d_ff"), 4 * static_cast<int64_t>(h)}));
+  const double layers = static_cast<double>(
+      std::max({get("num_hidden_layers"), get("n_layer"), get("num_layers")}) + get("num_decoder_layers"));
+  const double vocab = static_cast<double>(get("vocab_size"));
+  const double pos = static_cast<double>(std::max(get("max_position_embeddings"), get("n_positions")));
+  const double params = (vocab + pos) * h + layers * (4 * h * h + 3 * h * ff);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  const double memory = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+  if (memory > 0 && params * 2 > memory)  // even at 2 bytes per parameter
+    cfg.fail("hidden_size",
+             fmt::format("the sizes in this config imply about {:.3g} parameters ({:.1f} GiB in bfloat16), "
+                         "more than this machine's {:.1f} GiB of memory (refused before allocating)",
+                         params, params * 2 / (1 << 30), memory / (1 << 30)));
+}
+
+}  // namespace
+
 ModelPtr create_model(const JsonFields& config, Head head, std::optional<int64_t> num_labels) {
   JsonFields cfg = config;
   if (num_labels) {
@@ -41,6 +92,7 @@ ModelPtr create_model(const JsonFields& config, Head head, std::optional<int64_t
     j.erase("num_labels");
     cfg = JsonFields(j, config.file());
   }
+  check_config_sizes(cfg);
   const std::string type = detect_model_type(cfg);
   if (type == "bert") return make_bert(cfg, head);
   if (type == "gpt2") return make_gpt2(cfg, head);
