@@ -63,20 +63,31 @@ void save_checkpoint(const std::string& run_dir, PretrainedModelImpl& model, Opt
   std::error_code ec;
   fs::create_directories(dir, ec);
   EMOE_CHECK(!ec, RuntimeError, "{}: cannot create: {}", dir.string(), ec.message());
-  std::vector<std::pair<std::string, torch::Tensor>> params;
-  for (const auto& p : model.named_parameters()) params.emplace_back(p.key(), p.value());
-  save_safetensors((dir / "model.safetensors").string(), params, {{"format", "emoe-checkpoint"}});
-  {
-    auto tmp = (dir / ".optimizer.pt.tmp").string();
-    torch::save(opt.adamw(), tmp);
-    fs::rename(tmp, dir / "optimizer.pt", ec);
-    EMOE_CHECK(!ec, RuntimeError, "{}: rename failed: {}", (dir / "optimizer.pt").string(), ec.message());
+  try {
+    std::vector<std::pair<std::string, torch::Tensor>> params;
+    for (const auto& p : model.named_parameters()) params.emplace_back(p.key(), p.value());
+    save_safetensors((dir / "model.safetensors").string(), params, {{"format", "emoe-checkpoint"}});
+    {
+      auto tmp = (dir / ".optimizer.pt.tmp").string();
+      torch::save(opt.adamw(), tmp);
+      fs::rename(tmp, dir / "optimizer.pt", ec);
+      EMOE_CHECK(!ec, RuntimeError, "{}: rename failed: {}", (dir / "optimizer.pt").string(), ec.message());
+    }
+    auto rng = at::detail::getDefaultCPUGenerator().get_state();
+    save_safetensors((dir / "rng.safetensors").string(), {{"cpu", rng}});
+    write_text_atomic((dir / "state.json").string(), state.to_json().dump(1) + "\n");
+    // Only now does the checkpoint become the latest; a crash before this leaves the old one.
+    write_text_atomic((root / "latest").string(), name + "\n");
+  } catch (const std::exception& e) {
+    // a full disk (or any write error): the half-written folder goes, the latest stays
+    fs::remove_all(dir, ec);
+    std::string why = e.what();
+    if (auto nl = why.find('\n'); nl != std::string::npos) why.resize(nl);
+    const auto prev = latest_checkpoint(run_dir);
+    EMOE_THROW(RuntimeError, "{}: checkpoint not written ({}); {}", dir.string(), why,
+               prev.empty() ? std::string("no earlier checkpoint exists")
+                            : "the previous checkpoint " + fs::path(prev).filename().string() + " is intact");
   }
-  auto rng = at::detail::getDefaultCPUGenerator().get_state();
-  save_safetensors((dir / "rng.safetensors").string(), {{"cpu", rng}});
-  write_text_atomic((dir / "state.json").string(), state.to_json().dump(1) + "\n");
-  // Only now does the checkpoint become the latest; a crash before this leaves the old one.
-  write_text_atomic((root / "latest").string(), name + "\n");
   for (const auto& e : fs::directory_iterator(root))
     if (e.is_directory() && e.path().filename() != name) fs::remove_all(e.path(), ec);
 }
