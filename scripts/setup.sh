@@ -18,6 +18,8 @@ PACKAGES=(
   liblemon-dev                          # exact min-cost flow for balanced k-means
   libmetis-dev                          # balanced graph partitioning (co-activation split)
   libcairo2-dev fonts-dejavu-core       # PNG figures (usage heatmaps) and their text
+  clang-14 libclang-rt-14-dev           # libFuzzer + ASan/UBSan for scripts/fuzz.sh (fuzz/)
+  python3                               # seed corpora and benchmark summaries in scripts/
 )
 
 missing=()

@@ -60,7 +60,9 @@ void run_train(const TrainArgs& a) {
   }
   const auto& res = r.results;
   std::cout << fmt::format("{}: {} on {} ({}), best epoch {}\n", r.run_dir, cfg.method,
-                           cfg.objective == "classification" ? cfg.task : "instructions",
+                           cfg.objective == "classification" ? cfg.task
+                           : cfg.objective == "seq2seq"     ? "a text-to-text mixture"
+                                                            : "instructions",
                            cfg.model, res["best_epoch"].get<int64_t>());
   if (res["best"].is_object())
     for (auto& [set, v] : res["best"].items()) {

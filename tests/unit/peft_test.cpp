@@ -31,6 +31,9 @@ emoe::ModelPtr peft_tiny_model(const std::string& type, Head head, int64_t seed 
   else if (type == "gpt2")
     j = {{"model_type", "gpt2"}, {"n_embd", 16},     {"n_layer", 2},
          {"n_head", 2},          {"vocab_size", 50}, {"n_positions", 32}};
+  else if (type == "t5")
+    j = {{"model_type", "t5"}, {"vocab_size", 50}, {"d_model", 16}, {"d_kv", 8}, {"d_ff", 32},
+         {"num_layers", 2}, {"num_decoder_layers", 2}, {"num_heads", 2}};
   else
     j = {{"model_type", "llama"},    {"hidden_size", 16},
          {"intermediate_size", 24},  {"num_hidden_layers", 2},
@@ -47,6 +50,7 @@ emoe::ModelPtr peft_tiny_model(const std::string& type, Head head, int64_t seed 
 }
 
 Head peft_default_head(const std::string& type) {
+  if (type == "t5") return Head::kSeq2SeqLM;
   return type == "bert" ? Head::kSequenceClassification : Head::kCausalLM;
 }
 
@@ -61,7 +65,9 @@ emoe::ModelInputs peft_inputs() {
 
 torch::Tensor peft_run(emoe::PretrainedModelImpl& m) {
   torch::NoGradGuard g;
-  auto out = m.forward(peft_inputs());
+  auto in = peft_inputs();
+  if (m.summary().encoder_decoder()) in.decoder_input_ids = torch::randint(3, 50, {2, 5}, torch::kLong);
+  auto out = m.forward(in);
   return out.logits.defined() ? out.logits : out.last_hidden_state;
 }
 
@@ -144,7 +150,7 @@ TEST(PeftIa3, DefaultTargetsScaleKeysValuesAndFfnInput) {
 }
 
 TEST(PeftMov, OneExpertEqualsIa3) {
-  for (std::string type : {"bert", "gpt2", "llama"}) {
+  for (std::string type : {"bert", "gpt2", "llama", "t5"}) {
     SCOPED_TRACE(type);
     auto base = peft_tiny_model(type, peft_default_head(type));
     auto ia3 = peft_tiny_model(type, peft_default_head(type));
@@ -155,7 +161,8 @@ TEST(PeftMov, OneExpertEqualsIa3) {
     auto iv = peft_adapters_of<emoe::Ia3Adapter>(*ia3);
     auto mv = peft_adapters_of<emoe::MovAdapter>(*mov);
     ASSERT_EQ(iv.size(), mv.size());
-    ASSERT_EQ(iv.size(), type == "gpt2" ? 4u : 6u);
+    // T5: encoder k, v, wo and decoder self k, v, cross k, v, wo in each of 2 + 2 blocks
+    ASSERT_EQ(iv.size(), type == "gpt2" ? 4u : type == "t5" ? 16u : 6u);
     torch::NoGradGuard g;
     for (size_t i = 0; i < iv.size(); ++i) {
       auto* a = iv[i].second;
@@ -173,6 +180,42 @@ TEST(PeftMov, OneExpertEqualsIa3) {
     auto y_base = peft_run(*base), y_ia3 = peft_run(*ia3), y_mov = peft_run(*mov);
     EXPECT_GT(emoe::test::max_abs_diff(y_base, y_ia3), 1e-2);
     EXPECT_LE(emoe::test::max_abs_diff(y_ia3, y_mov), 1e-6);
+  }
+}
+
+TEST(PeftMov, OneExpertEqualsIa3OnT5LossAndFirstGradient) {
+  // at initialisation (vectors of ones) a one-expert MoV is (IA)^3: the same seq2seq loss, and the
+  // same gradient on each vector, whatever the (random) router
+  auto ia3 = peft_tiny_model("t5", Head::kSeq2SeqLM);
+  auto mov = peft_tiny_model("t5", Head::kSeq2SeqLM);
+  emoe::apply_peft(*ia3, peft_config(PeftMethod::kIa3));
+  emoe::apply_peft(*mov, peft_config(PeftMethod::kMov, 1));
+  auto iv = peft_adapters_of<emoe::Ia3Adapter>(*ia3);
+  auto mv = peft_adapters_of<emoe::MovAdapter>(*mov);
+  ASSERT_EQ(iv.size(), mv.size());
+  ASSERT_EQ(iv.size(), 16u);
+  auto in = peft_inputs();
+  in.labels = torch::randint(3, 50, {2, 4}, torch::kLong);
+  in.labels.index_put_({1, 3}, -100);
+  auto li = ia3->forward(in).loss;
+  auto lm = mov->forward(in).loss;
+  EXPECT_NEAR(li.item<double>(), lm.item<double>(), 1e-6);
+  li.backward();
+  lm.backward();
+  for (size_t i = 0; i < iv.size(); ++i) {
+    SCOPED_TRACE(iv[i].first);
+    auto* a = iv[i].second;
+    auto* b = mv[i].second;
+    ASSERT_TRUE(a->ia3_l.grad().defined());
+    auto ga = a->ia3_l.grad().view({-1});
+    EXPECT_GT(ga.abs().max().item<double>(), 0.0);
+    for (size_t r = 0; r < b->ranges().size(); ++r) {
+      const auto& range = b->ranges()[r];
+      const int64_t off = a->feedforward() ? 0 : range.offset - a->range().offset;
+      ASSERT_TRUE(b->vectors[r].grad().defined());
+      EXPECT_LE(emoe::test::max_abs_diff(b->vectors[r].grad().view({-1}), ga.narrow(0, off, range.length)),
+                1e-6);
+    }
   }
 }
 

@@ -16,6 +16,8 @@ struct EncodedExample {
   double label = 0;
   // Causal-LM examples (instruction tuning): per-token targets, -100 where no loss is taken.
   std::vector<int64_t> lm_labels;
+  // Text-to-text examples (encoder-decoder models): the decoder's target ids (with eos).
+  std::vector<int64_t> target_ids;
 };
 
 // Tokenises every example (pairs with the tokenizer's pair template), truncated to max_length.
@@ -36,6 +38,10 @@ struct Batch {
 // Pads to the longest example of the batch.
 Batch collate(const std::vector<const EncodedExample*>& examples, int64_t pad_id, bool regression,
               bool lm);
+
+// Text-to-text: input_ids/attention_mask from ids (the encoder's source), labels [B, L] from
+// target_ids right-padded with -100 (the decoder input is the labels shifted right in the model).
+Batch collate_seq2seq(const std::vector<const EncodedExample*>& examples, int64_t pad_id);
 
 // The indices of a fixed subset of n of `total` examples (in subset order); the same for every run
 // and tool (train, eval, prune), so that their numbers are computed on the same examples.

@@ -41,6 +41,10 @@ EvalOutput evaluate_classifier(PretrainedModelImpl& model, const std::vector<Enc
 EvalOutput evaluate_lm_loss(PretrainedModelImpl& model, const std::vector<EncodedExample>& data,
                             int64_t batch_size, int64_t pad_id, const EvalShard& shard = {});
 
+// Mean per-token loss of an encoder-decoder model over text-to-text examples (target_ids).
+EvalOutput evaluate_seq2seq_loss(PretrainedModelImpl& model, const std::vector<EncodedExample>& data,
+                                 int64_t batch_size, int64_t pad_id, const EvalShard& shard = {});
+
 // Multiple choice by the likelihood of the answer letter: `next_logits(ids)` returns the logits
 // [V] of the token after `ids`; the choice whose letter token scores highest wins.
 int64_t pick_choice(const at::Tensor& next_logits, const std::vector<int64_t>& letter_tokens);

@@ -61,12 +61,13 @@ PretrainConfig PretrainConfig::from_json(const nlohmann::json& j, const std::str
 
 void PretrainConfig::validate() const {
   auto bad = [](const std::string& k, const std::string& w) { EMOE_THROW(InputError, "pretrain config: {}: {}", k, w); };
-  if (arch != "bert" && arch != "gpt2" && arch != "llama") bad("arch", fmt::format("expected bert, gpt2 or llama, got '{}'", arch));
+  if (arch != "bert" && arch != "gpt2" && arch != "llama" && arch != "t5")
+    bad("arch", fmt::format("expected bert, gpt2, llama or t5, got '{}'", arch));
   if (corpus.empty()) bad("corpus", "required (a text file, one document per line)");
   if (hidden < 8 || layers < 1 || heads < 1 || intermediate < 1) bad("hidden/layers/heads/intermediate", "expected positive sizes");
   if (hidden % heads != 0) bad("hidden", fmt::format("hidden {} is not a multiple of heads {}", hidden, heads));
   if (tokenizer == "train" && arch != "bert")
-    bad("tokenizer", "vocabulary training makes WordPiece (BERT) vocabularies; give a tokenizer folder for gpt2/llama");
+    bad("tokenizer", "vocabulary training makes WordPiece (BERT) vocabularies; give a tokenizer folder for gpt2/llama/t5");
   if (steps < 1 || batch_size < 1) bad("steps/batch_size", "expected >= 1");
   if (max_length < 4 || max_length > max_positions) bad("max_length", fmt::format("expected 4..max_positions ({}), got {}", max_positions, max_length));
   if (mask_prob <= 0 || mask_prob >= 1) bad("mask_prob", "expected (0, 1)");
@@ -109,6 +110,15 @@ nlohmann::json pretrain_model_config(const PretrainConfig& c, const Tokenizer& t
             {"n_embd", c.hidden}, {"n_layer", c.layers}, {"n_head", c.heads}, {"n_inner", c.intermediate},
             {"n_positions", c.max_positions}, {"activation_function", "gelu_new"},
             {"bos_token_id", sp.bos.value_or(sp.eos.value_or(0))}, {"eos_token_id", sp.eos.value_or(0)}};
+  if (c.arch == "t5")  // T5 v1.0 layout: ReLU FFN, tied embeddings; decoder starts with pad as T5 does
+    return {{"model_type", "t5"}, {"architectures", {"T5ForConditionalGeneration"}}, {"vocab_size", v},
+            {"d_model", c.hidden}, {"d_kv", c.hidden / c.heads}, {"d_ff", c.intermediate},
+            {"num_layers", c.layers}, {"num_decoder_layers", c.layers}, {"num_heads", c.heads},
+            {"relative_attention_num_buckets", 32}, {"relative_attention_max_distance", 128},
+            {"dropout_rate", 0.1}, {"layer_norm_epsilon", 1e-6}, {"initializer_factor", 1.0},
+            {"feed_forward_proj", "relu"}, {"tie_word_embeddings", true}, {"is_encoder_decoder", true},
+            {"pad_token_id", sp.pad.value_or(0)}, {"eos_token_id", sp.eos.value_or(1)},
+            {"decoder_start_token_id", sp.pad.value_or(0)}, {"n_positions", c.max_positions}};
   return {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", v},
           {"hidden_size", c.hidden}, {"intermediate_size", c.intermediate}, {"num_hidden_layers", c.layers},
           {"num_attention_heads", c.heads}, {"num_key_value_heads", c.kv_heads > 0 ? c.kv_heads : c.heads},
@@ -162,6 +172,17 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
   }
   auto tok = load_tokenizer(tok_dir);
   if (tok_dir != cfg.output) copy_tokenizer_files(tok_dir, cfg.output);
+  if (cfg.arch == "t5" && tok->kind() == "sentencepiece") {
+    // T5's convention: no bos, eos appended to every encoded text
+    const auto tc = fs::path(cfg.output) / "tokenizer_config.json";
+    nlohmann::json j = nlohmann::json::object();
+    if (fs::exists(tc)) j = JsonFields::from_file(tc.string()).raw();
+    j["add_bos_token"] = false;
+    j["add_eos_token"] = true;
+    write_text_atomic(tc.string(), j.dump(2) + "\n");
+    tok = load_tokenizer(cfg.output);
+  }
+  const bool seq2seq = cfg.arch == "t5";
   const bool mlm = cfg.arch == "bert";
   std::optional<int64_t> mask_id;
   if (mlm) {
@@ -172,7 +193,8 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
   std::vector<std::vector<int64_t>> seqs;
   for (const auto& l : lines) {
     auto ids = tok->encode(l, true, cfg.max_length).ids;
-    if (!mlm && tok->special().eos && static_cast<int64_t>(ids.size()) < cfg.max_length)
+    if (!mlm && tok->special().eos && static_cast<int64_t>(ids.size()) < cfg.max_length &&
+        (ids.empty() || ids.back() != *tok->special().eos))
       ids.push_back(*tok->special().eos);
     if (ids.size() >= 3) seqs.push_back(std::move(ids));
   }
@@ -183,7 +205,7 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
 
   torch::manual_seed(cfg.seed);
   auto model = create_model(JsonFields(pretrain_model_config(cfg, *tok), "pretrain"),
-                            mlm ? Head::kMaskedLM : Head::kCausalLM);
+                            mlm ? Head::kMaskedLM : seq2seq ? Head::kSeq2SeqLM : Head::kCausalLM);
   model->to(device, parse_dtype(cfg.dtype));
   model->train();
   TrainOptions to;
@@ -218,6 +240,7 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
       for (auto s : special_ids) special = special.logical_or(ids == s);
       pretrain_mask(ids, labels, special, *mask_id, tok->vocab_size(), cfg.mask_prob, gen);
     } else {
+      // causal LM: the text itself; T5: an autoencoder (encoder reads the text, decoder writes it)
       labels = ids.masked_fill(mask == 0, -100);
     }
     in.input_ids = ids.to(device);

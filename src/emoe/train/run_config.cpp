@@ -7,6 +7,7 @@
 #include <set>
 
 #include "emoe/core/error.h"
+#include "emoe/data/templates.h"
 
 namespace emoe {
 
@@ -136,7 +137,7 @@ nlohmann::json RunConfig::to_json() const {
           {"labels", dataset.labels}, {"regression", dataset.regression},
           {"metrics", dataset.metrics}};
   }
-  return {{"model", model}, {"objective", objective}, {"task", task}, {"dataset", dj}, {"data_dir", data_dir},
+  nlohmann::json out = {{"model", model}, {"objective", objective}, {"task", task}, {"dataset", dj}, {"data_dir", data_dir},
           {"ood", ood}, {"method", method}, {"moe", mj}, {"peft", pj}, {"train", tj},
           {"ablation", ablation}, {"instruct_data", instruct_data},
           {"instruct_dev_fraction", instruct_dev_fraction}, {"mmlu_dir", mmlu_dir},
@@ -144,6 +145,14 @@ nlohmann::json RunConfig::to_json() const {
           {"prune_from", prune_from}, {"prune_keep", prune_keep},
           {"output", output}, {"save_best", save_best}, {"export_dense", export_dense},
           {"device", device}, {"dtype", dtype}, {"threads", threads}};
+  if (objective == "seq2seq") {  // only then: the config.json of other runs stays as it was
+    out["train"]["max_target_length"] = t.max_target_length;
+    out["mixture"] = {{"tasks", mixture.tasks}, {"rate", mixture.rate}, {"cap", mixture.cap},
+                      {"temperature", mixture.temperature}, {"templates", mixture.templates}};
+    out["heldout"] = heldout;
+    out["rank_score"] = rank_score;
+  }
+  return out;
 }
 
 RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where) {
@@ -188,6 +197,17 @@ RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where
   r.get("mmlu_dir", c.mmlu_dir);
   r.get("mmlu_shots", c.mmlu_shots);
   r.get("mmlu_max_questions", c.mmlu_max_questions);
+  if (auto* m = r.sub("mixture")) {
+    Reader mr(*m, where + ".mixture");
+    mr.get("tasks", c.mixture.tasks);
+    mr.get("rate", c.mixture.rate);
+    mr.get("cap", c.mixture.cap);
+    mr.get("temperature", c.mixture.temperature);
+    mr.get("templates", c.mixture.templates);
+    mr.finish();
+  }
+  r.get("heldout", c.heldout);
+  r.get("rank_score", c.rank_score);
   r.get("prune_from", c.prune_from);
   r.get("prune_keep", c.prune_keep);
   r.get("output", c.output);
@@ -276,6 +296,7 @@ RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where
     tr.get("usage_interval", o.usage_interval);
     tr.get("precision", o.precision);
     tr.get("nonfinite", o.nonfinite);
+    tr.get("max_target_length", o.max_target_length);
     tr.finish();
   }
   r.finish();
@@ -291,8 +312,36 @@ void RunConfig::validate() const {
                                                 "emoe+lora", "emoe-learn", "gmoe", "moefication"};
   if (!methods.count(method))
     bad("method", fmt::format("expected one of {}, got '{}'", fmt::join(methods, ", "), method));
-  if (objective != "classification" && objective != "instruction")
-    bad("objective", fmt::format("expected classification or instruction, got '{}'", objective));
+  if (objective != "classification" && objective != "instruction" && objective != "seq2seq")
+    bad("objective", fmt::format("expected classification, instruction or seq2seq, got '{}'", objective));
+  if (objective == "seq2seq") {
+    if (mixture.tasks.empty()) bad("mixture.tasks", "required for seq2seq (e.g. [sst2, cola, mrpc])");
+    std::set<std::string> seen;
+    for (const auto& t : mixture.tasks) {
+      task_templates(t, "run config: mixture.tasks");
+      if (!seen.insert(t).second) bad("mixture.tasks", fmt::format("task '{}' is listed twice", t));
+    }
+    for (const auto& t : heldout) {
+      task_templates(t, "run config: heldout");
+      if (seen.count(t)) bad("heldout", fmt::format("task '{}' is also a training task (mixture.tasks)", t));
+    }
+    if (mixture.rate != "examples-proportional" && mixture.rate != "temperature")
+      bad("mixture.rate", fmt::format("expected examples-proportional or temperature, got '{}'", mixture.rate));
+    if (mixture.cap < 0) bad("mixture.cap", fmt::format("expected >= 0 (0: no cap), got {}", mixture.cap));
+    if (mixture.temperature <= 0)
+      bad("mixture.temperature", fmt::format("expected > 0, got {}", mixture.temperature));
+    if (mixture.templates != "all" && mixture.templates != "first")
+      bad("mixture.templates", fmt::format("expected all or first, got '{}'", mixture.templates));
+    if (rank_score != "sum" && rank_score != "mean")
+      bad("rank_score", fmt::format("expected sum or mean, got '{}'", rank_score));
+    if (train.max_target_length < 2)
+      bad("train.max_target_length", fmt::format("expected >= 2, got {}", train.max_target_length));
+    if (!dataset.empty()) bad("dataset", "not used by seq2seq (the mixture reads GLUE tasks)");
+    if (!ood.empty()) bad("ood", "not used by seq2seq (use heldout)");
+  } else {
+    if (!mixture.tasks.empty()) bad("mixture", fmt::format("only for objective seq2seq, got objective '{}'", objective));
+    if (!heldout.empty()) bad("heldout", fmt::format("only for objective seq2seq, got objective '{}'", objective));
+  }
   if (objective == "classification" && task.empty()) bad("task", "required for classification");
   if (!dataset.empty()) {
     if (dataset.dev.empty()) bad("dataset.dev", "required with dataset.train");

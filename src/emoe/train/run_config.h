@@ -41,6 +41,16 @@ struct TrainOptions {
   // A non-finite loss or gradient norm: "stop" the run with a message, or "skip" the optimiser
   // step (gradients dropped, counted as skipped_steps in the logs); never written to the weights.
   std::string nonfinite = "stop";
+  int64_t max_target_length = 16;  // objective seq2seq: decoder target tokens (with eos)
+};
+
+// objective seq2seq: the multi-task training mixture (Raffel et al. 2020, §3.5.2).
+struct MixtureConfig {
+  std::vector<std::string> tasks;              // GLUE tasks with templates (data/templates.h)
+  std::string rate = "examples-proportional";  // examples-proportional | temperature
+  int64_t cap = 3000;                          // per-task example limit K (0 = none)
+  double temperature = 2.0;                    // temperature scaling: rate ∝ min(n, cap)^(1/T)
+  std::string templates = "all";               // all: a random template per draw; first: only the first
 };
 
 // A classification data set from the user's own files (instead of a GLUE task).
@@ -57,7 +67,7 @@ struct CustomDataset {
 
 struct RunConfig {
   std::string model;             // Hugging Face model folder
-  std::string objective = "classification";  // classification | instruction
+  std::string objective = "classification";  // classification | instruction | seq2seq
   std::string task;              // GLUE task name (classification), or a name for `dataset`
   CustomDataset dataset;         // when set: the task's data come from these files
   std::string data_dir = "../shared/data";
@@ -75,6 +85,12 @@ struct RunConfig {
   std::string mmlu_dir;
   int64_t mmlu_shots = 0;
   int64_t mmlu_max_questions = 0;
+  // Text-to-text (objective seq2seq, T5): the training mixture, the held-out tasks scored
+  // zero-shot by rank classification (their dev sets), and how a choice is scored: sum or mean
+  // of its token log-probabilities.
+  MixtureConfig mixture;
+  std::vector<std::string> heldout;
+  std::string rank_score = "sum";
   // Pruning -> training: keep prune_keep experts per layer, chosen by the training usage of the
   // run in prune_from (same MoE settings, so the fresh split is the same).
   std::string prune_from;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <thread>
 
@@ -15,8 +16,11 @@
 #include "emoe/core/runtime.h"
 #include "emoe/data/batching.h"
 #include "emoe/data/dataset.h"
+#include "emoe/data/mixture.h"
+#include "emoe/data/templates.h"
 #include "emoe/dist/grad_sync.h"
 #include "emoe/eval/evaluate.h"
+#include "emoe/eval/rank_classification.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/io/safetensors.h"
 #include "emoe/train/checkpoint.h"
@@ -38,6 +42,23 @@ struct EvalSet {
   std::vector<int64_t> prediction_labels;  // see evaluate_classifier
 };
 
+// objective seq2seq: a task scored by rank classification over its templates.
+struct RankSet {
+  std::string name;  // the task
+  bool heldout = false;
+  std::vector<std::string> template_names;
+  std::vector<RankExample> data;
+};
+
+// objective seq2seq: the training pool (every example with each of its templates, task after
+// task) and the mixture that draws an epoch from it.
+struct MixturePool {
+  std::vector<int64_t> sizes, templates, offsets;  // per task: examples, templates, first pool index
+  std::vector<double> rates;
+  int64_t epoch_size = 0;
+  bool empty() const { return sizes.empty(); }
+};
+
 // Everything one run works with.
 struct TrainContext {
   RunConfig cfg;
@@ -49,6 +70,8 @@ struct TrainContext {
   std::vector<EncodedExample> train;
   std::vector<EvalSet> evals;  // dev first
   std::vector<MultipleChoiceExample> mmlu, mmlu_dev;
+  MixturePool mixture;          // seq2seq only
+  std::vector<RankSet> ranked;  // seq2seq only: training tasks' dev sets, then held-out tasks
   ModelPtr model;
   MoeState moe;
   PeftConfig peft;
@@ -64,10 +87,139 @@ struct TrainContext {
   }
 };
 
+// The model folder's config.json model_type ("" when it cannot be read: the loader reports it).
+std::string run_model_type(const std::string& dir) {
+  std::ifstream in((fs::path(dir) / "config.json").string());
+  if (!in) return "";
+  try {
+    auto j = nlohmann::json::parse(in);
+    return j.value("model_type", std::string());
+  } catch (const nlohmann::json::exception&) {
+    return "";
+  }
+}
+
+// objective seq2seq: the mixture's training pool, the dev-loss set and the rank-classification sets.
+void setup_seq2seq_data(TrainContext& c) {
+  const auto& cfg = c.cfg;
+  const int64_t max_len = cfg.train.max_length;
+  const auto eos = c.tok->special().eos;
+  EMOE_CHECK(eos.has_value(), InputError, "{}: the tokenizer has no eos token (text-to-text targets end with it)",
+             cfg.model);
+  auto target_ids = [&](const std::string& text) {
+    auto ids = c.tok->encode_plain(text);
+    if (static_cast<int64_t>(ids.size()) > cfg.train.max_target_length - 1) ids.resize(cfg.train.max_target_length - 1);
+    ids.push_back(*eos);
+    return ids;
+  };
+  auto source_ids = [&](const PromptTemplate& t, const Example& e) {
+    return c.tok->encode(fill_template(t, e), true, max_len).ids;
+  };
+  auto labelled = [](Dataset d) {
+    d.examples.erase(std::remove_if(d.examples.begin(), d.examples.end(), [](const Example& e) { return !e.has_label; }),
+                     d.examples.end());
+    return d;
+  };
+  std::vector<EncodedExample> dev_loss;
+  for (const auto& task : cfg.mixture.tasks) {
+    const auto& tpls = task_templates(task, "run config: mixture.tasks");
+    auto train = labelled(load_glue(task, "train", cfg.data_dir));
+    keep_fixed_subset(train.examples, cfg.train.max_train_examples);
+    const int64_t k = cfg.mixture.templates == "all" ? static_cast<int64_t>(tpls.size()) : 1;
+    c.mixture.offsets.push_back(static_cast<int64_t>(c.train.size()));
+    c.mixture.sizes.push_back(static_cast<int64_t>(train.examples.size()));
+    c.mixture.templates.push_back(k);
+    for (const auto& e : train.examples) {
+      for (int64_t t = 0; t < k; ++t) {
+        EncodedExample x;
+        x.ids = source_ids(tpls[t], e);
+        x.target_ids = target_ids(tpls[t].choices.at(static_cast<size_t>(std::llround(e.label))));
+        x.label = e.label;
+        c.train.push_back(std::move(x));
+      }
+    }
+    auto dev = labelled(load_glue(task, "dev", cfg.data_dir));
+    keep_fixed_subset(dev.examples, cfg.train.max_eval_examples);
+    for (const auto& e : dev.examples) {  // the dev loss: first template, correct answer
+      EncodedExample x;
+      x.ids = source_ids(tpls[0], e);
+      x.target_ids = target_ids(tpls[0].choices.at(static_cast<size_t>(std::llround(e.label))));
+      dev_loss.push_back(std::move(x));
+    }
+  }
+  // rank classification: the training tasks' dev sets, then the held-out tasks (dev split)
+  std::vector<std::pair<std::string, bool>> scored;
+  for (const auto& t : cfg.mixture.tasks) scored.emplace_back(t, false);
+  for (const auto& t : cfg.heldout) scored.emplace_back(t, true);
+  for (const auto& [task, held] : scored) {
+    const auto& tpls = task_templates(task, held ? "run config: heldout" : "run config: mixture.tasks");
+    auto dev = labelled(load_glue(task, "dev", cfg.data_dir));
+    keep_fixed_subset(dev.examples, cfg.train.max_eval_examples);
+    RankSet rs;
+    rs.name = task;
+    rs.heldout = held;
+    for (size_t t = 0; t < tpls.size(); ++t) {
+      rs.template_names.push_back(tpls[t].name);
+      std::vector<std::vector<int64_t>> choices;
+      for (const auto& ch : tpls[t].choices) choices.push_back(target_ids(ch));
+      for (const auto& e : dev.examples) {
+        RankExample r;
+        r.source = source_ids(tpls[t], e);
+        r.choices = choices;
+        r.label = std::llround(e.label);
+        r.templ = static_cast<int64_t>(t);
+        rs.data.push_back(std::move(r));
+      }
+    }
+    c.ranked.push_back(std::move(rs));
+  }
+  c.evals.push_back({"dev", std::move(dev_loss), {}});
+  c.mixture.rates = mixing_rates(c.mixture.sizes, cfg.mixture.rate, cfg.mixture.cap, cfg.mixture.temperature);
+  c.mixture.epoch_size = mixture_epoch_size(c.mixture.sizes, cfg.mixture.cap);
+  std::vector<std::string> shown;
+  for (size_t t = 0; t < cfg.mixture.tasks.size(); ++t)
+    shown.push_back(fmt::format("{} {:.4f} ({} examples x {} templates)", cfg.mixture.tasks[t], c.mixture.rates[t],
+                                c.mixture.sizes[t], c.mixture.templates[t]));
+  spdlog::info("mixture ({}, cap {}{}): {}; {} draws per epoch", cfg.mixture.rate, cfg.mixture.cap,
+               cfg.mixture.rate == "temperature" ? fmt::format(", T {}", cfg.mixture.temperature) : std::string(),
+               fmt::join(shown, ", "), c.mixture.epoch_size);
+  spdlog::info("seq2seq: {} dev-loss examples; rank classification on {}; held-out: {}", c.evals[0].data.size(),
+               fmt::join(cfg.mixture.tasks, ", "),
+               cfg.heldout.empty() ? std::string("none") : fmt::format("{}", fmt::join(cfg.heldout, ", ")));
+  EMOE_CHECK(c.mixture.epoch_size > 0, InputError, "mixture: no training examples in {}",
+             fmt::join(cfg.mixture.tasks, ", "));
+}
+
+// The pool indices of an epoch: the examples in order, or the mixture's draws.
+std::vector<int64_t> training_order(const TrainContext& c, int64_t n, int64_t epoch) {
+  if (c.mixture.empty()) return epoch_order(n, c.cfg.train.seed, epoch, true);
+  auto draws = mixture_epoch(c.mixture.sizes, c.mixture.rates, c.mixture.templates, c.mixture.epoch_size,
+                             c.cfg.train.seed, epoch);
+  std::vector<int64_t> order;
+  order.reserve(draws.size());
+  for (const auto& d : draws)
+    order.push_back(c.mixture.offsets[d.task] + d.example * c.mixture.templates[d.task] + d.templ);
+  return order;
+}
+
+// seq2seq needs an encoder-decoder model, and the other objectives need one without a decoder.
+void check_objective_fits_model(const RunConfig& cfg) {
+  const std::string model_type = run_model_type(cfg.model);
+  const bool encoder_decoder = model_type == "t5";
+  EMOE_CHECK(cfg.objective != "seq2seq" || encoder_decoder || model_type.empty(), InputError,
+             "run config: objective: seq2seq needs an encoder-decoder model (model_type t5); {} is a {} model",
+             cfg.model, model_type);
+  EMOE_CHECK(cfg.objective == "seq2seq" || !encoder_decoder, InputError,
+             "run config: objective: {} is not available for the encoder-decoder model {} ({}); use "
+             "objective: seq2seq", cfg.objective, cfg.model, model_type);
+}
+
 void setup_data(TrainContext& c) {
   const auto& cfg = c.cfg;
   const int64_t max_len = cfg.train.max_length;
-  if (cfg.objective == "classification") {
+  if (cfg.objective == "seq2seq") {
+    setup_seq2seq_data(c);
+  } else if (cfg.objective == "classification") {
     auto data = load_run_data(cfg);
     c.task = data.task;
     c.train = encode_dataset(data.train, *c.tok, max_len);
@@ -120,14 +272,16 @@ std::vector<ModelInputs> sample_batches(const TrainContext& c) {
   std::vector<ModelInputs> out;
   int64_t tokens = 0;
   const bool lm = c.cfg.objective == "instruction";
+  const bool s2s = c.cfg.objective == "seq2seq";
   for (size_t b = 0; b < c.train.size() && tokens < c.cfg.moe.sample_tokens; b += 16) {
     std::vector<const EncodedExample*> ex;
     for (size_t i = b; i < std::min(c.train.size(), b + 16); ++i) ex.push_back(&c.train[i]);
-    auto batch = collate(ex, c.pad_id, c.task.regression, lm);
+    auto batch = s2s ? collate_seq2seq(ex, c.pad_id) : collate(ex, c.pad_id, c.task.regression, lm);
     ModelInputs in;
     in.input_ids = batch.input_ids;
     in.attention_mask = batch.attention_mask;
     in.token_type_ids = batch.token_type_ids;
+    if (s2s) in.labels = batch.labels;  // the decoder's input
     tokens += batch.attention_mask.sum().item<int64_t>();
     out.push_back(in);
   }
@@ -141,6 +295,8 @@ void setup_model(TrainContext& c) {
   if (cfg.objective == "classification") {
     lo.head = Head::kSequenceClassification;
     lo.num_labels = c.task.num_labels();
+  } else if (cfg.objective == "seq2seq") {
+    lo.head = Head::kSeq2SeqLM;
   } else {
     lo.head = Head::kCausalLM;
   }
@@ -193,10 +349,32 @@ nlohmann::json evaluate_all(TrainContext& c, UsageRecorder& usage, int64_t step)
     EvalOutput o = c.cfg.objective == "classification"
                        ? evaluate_classifier(*c.model, s.data, c.task, c.cfg.train.eval_batch_size, c.pad_id,
                                              s.prediction_labels, c.shard())
+                   : c.cfg.objective == "seq2seq"
+                       ? evaluate_seq2seq_loss(*c.model, s.data, c.cfg.train.eval_batch_size, c.pad_id, c.shard())
                        : evaluate_lm_loss(*c.model, s.data, c.cfg.train.eval_batch_size, c.pad_id, c.shard());
     sets[s.name] = {{"metrics", o.metrics}, {"loss", o.loss}, {"examples", o.examples},
                     {"seconds", o.seconds}};
     usage.snapshot(step, s.name, false);
+  }
+  std::vector<double> heldout;
+  for (const auto& r : c.ranked) {
+    usage.discard(false);
+    RankOptions ro;
+    ro.batch_size = std::max<int64_t>(1, c.cfg.train.eval_batch_size / 4);
+    ro.length_normalize = c.cfg.rank_score == "mean";
+    auto res = evaluate_rank_classification(*c.model, r.data, static_cast<int64_t>(r.template_names.size()),
+                                            c.pad_id, ro, c.shard());
+    nlohmann::json metrics = {{"median_accuracy", res.median_accuracy}};
+    for (size_t t = 0; t < r.template_names.size(); ++t)
+      metrics["accuracy/" + r.template_names[t]] = res.template_accuracy[t];
+    sets[r.name] = {{"metrics", metrics}, {"heldout", r.heldout}, {"examples", res.examples},
+                    {"seconds", res.seconds}};
+    if (r.heldout) heldout.push_back(res.median_accuracy);
+    usage.snapshot(step, r.name, false);
+  }
+  if (!heldout.empty()) {
+    const double mean = std::accumulate(heldout.begin(), heldout.end(), 0.0) / static_cast<double>(heldout.size());
+    sets["heldout"] = {{"metrics", {{"mean_median_accuracy", mean}}}, {"tasks", c.cfg.heldout}};
   }
   if (!c.mmlu.empty()) {
     usage.discard(false);
@@ -214,6 +392,8 @@ nlohmann::json evaluate_all(TrainContext& c, UsageRecorder& usage, int64_t step)
 double main_score(const TrainContext& c, const nlohmann::json& sets) {
   if (c.cfg.objective == "classification")
     return sets["dev"]["metrics"][c.task.main_metric].get<double>();
+  if (c.cfg.objective == "seq2seq" && sets.contains("heldout"))
+    return sets["heldout"]["metrics"]["mean_median_accuracy"].get<double>();
   return -sets["dev"]["loss"].get<double>();
 }
 
@@ -287,6 +467,7 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
   // tokenizer, data and model are checked before the run folder is written: bad input leaves
   // nothing behind
   torch::manual_seed(static_cast<uint64_t>(o.seed));
+  check_objective_fits_model(c.cfg);
   c.tok = load_tokenizer(c.cfg.model);
   setup_data(c);
   setup_model(c);
@@ -300,7 +481,8 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
   c.pad_id = c.tok->special().pad.value_or(s.pad_token_id.value_or(s.eos_token_id.value_or(0)));
 
   Optimizer opt(*c.model, o);
-  const int64_t n = static_cast<int64_t>(c.train.size());
+  // a mixture's epoch is its draw list (seq2seq); otherwise every training example once
+  const int64_t n = c.mixture.empty() ? static_cast<int64_t>(c.train.size()) : c.mixture.epoch_size;
   const int64_t batches_per_epoch = (n + o.batch_size - 1) / o.batch_size;
   const int64_t steps_per_epoch = (batches_per_epoch + o.grad_accum - 1) / o.grad_accum;
   const int64_t total_steps = o.max_steps > 0 ? o.max_steps : o.epochs * steps_per_epoch;
@@ -346,6 +528,7 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
                epochs, steps_per_epoch, n, o.batch_size, o.grad_accum, warmup, o.schedule);
 
   const bool lm = c.cfg.objective == "instruction";
+  const bool s2s = c.cfg.objective == "seq2seq";
   TrainResult result;
   result.run_dir = c.dir;
   bool done = st.step >= total_steps;
@@ -366,7 +549,7 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
   set_phase(c, false);
   for (int64_t epoch = st.epoch; epoch < epochs && !done; ++epoch) {
     st.epoch = epoch;
-    auto order = epoch_order(n, o.seed, epoch, true);
+    auto order = training_order(c, n, epoch);
     auto epoch_start = std::chrono::steady_clock::now();
     c.model->train();
     for (int64_t b = st.batch_in_epoch; b < batches_per_epoch && !done; ++b) {
@@ -382,14 +565,15 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
       ModelInputs in;
       double count = 0, tokens = 0;  // examples (or target tokens for LM) and input tokens here
       if (!ex.empty()) {
-        in = to_inputs(collate(ex, c.pad_id, c.task.regression, lm), c.device);
+        in = to_inputs(s2s ? collate_seq2seq(ex, c.pad_id) : collate(ex, c.pad_id, c.task.regression, lm), c.device);
         PrecisionScope scope(precision, c.device);  // forward and loss; backward follows the graph
         out = c.model->forward(in);
         loss = out.loss;
         if (auto aux = collect_aux_loss(*c.model); aux.defined()) loss = loss + aux;
         if (auto aux = collect_peft_aux_loss(*c.model); aux.defined()) loss = loss + aux;
-        count = lm ? (in.labels.narrow(1, 1, in.labels.size(1) - 1) != -100).sum().item<double>()
-                   : static_cast<double>(ex.size());
+        count = lm    ? (in.labels.narrow(1, 1, in.labels.size(1) - 1) != -100).sum().item<double>()
+                : s2s ? (in.labels != -100).sum().item<double>()  // the loss is a token mean
+                      : static_cast<double>(ex.size());
         tokens = in.attention_mask.sum().item<double>();
       }
       double loss_value = ex.empty() ? 0.0 : loss.item<double>();
@@ -520,11 +704,27 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
   nlohmann::json res = {{"model", c.cfg.model}, {"method", c.cfg.method}, {"objective", c.cfg.objective},
                         {"task", c.cfg.task}, {"seed", o.seed}, {"lr", o.lr}, {"ablation", c.cfg.ablation},
                         {"best_epoch", st.best_epoch}, {"best", best_sets},
-                        {"main_metric", c.cfg.objective == "classification" ? c.task.main_metric : "dev_loss"},
+                        {"main_metric", c.cfg.objective == "classification" ? c.task.main_metric
+                                        : s2s && !c.cfg.heldout.empty() ? "heldout_mean_median_accuracy"
+                                                                        : "dev_loss"},
                         {"epochs_run", st.epoch}, {"steps", st.step}, {"skipped_steps", st.skipped_steps},
                         {"train_seconds", st.train_seconds},
                         {"parameters", {{"total", counts.total}, {"trainable", counts.trainable}}},
                         {"history", st.history}};
+  if (s2s) {
+    nlohmann::json mix = nlohmann::json::object();
+    for (size_t t = 0; t < c.cfg.mixture.tasks.size(); ++t)
+      mix[c.cfg.mixture.tasks[t]] = {{"rate", c.mixture.rates[t]}, {"examples", c.mixture.sizes[t]},
+                                     {"templates", c.mixture.templates[t]}};
+    res["mixture"] = {{"rate", c.cfg.mixture.rate}, {"cap", c.cfg.mixture.cap}, {"tasks", mix},
+                      {"epoch_size", c.mixture.epoch_size}};
+    res["heldout"] = c.cfg.heldout;
+    if (best_sets.is_object() && best_sets.contains("heldout"))
+      res["heldout_mean_median_accuracy"] = best_sets["heldout"]["metrics"]["mean_median_accuracy"];
+    if (best_sets.is_object() && best_sets.contains("dev")) res["dev_loss"] = best_sets["dev"]["loss"];
+    res["parameters"]["trainable_percent"] =
+        100.0 * static_cast<double>(counts.trainable) / static_cast<double>(std::max<int64_t>(1, counts.total));
+  }
   usage.save(c.dir);
   if (c.cfg.save_best) export_model(c);
   write_text_atomic((fs::path(c.dir) / "results.json").string(), res.dump(2) + "\n");
