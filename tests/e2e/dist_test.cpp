@@ -43,16 +43,6 @@ std::string train_args(const std::string& model, const std::string& method, cons
       model, emoe::test::shared_path("data"), method, out, steps, extra);
 }
 
-std::vector<double> train_losses(const std::string& run) {
-  std::vector<double> out;
-  std::ifstream in(run + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j["type"] == "train") out.push_back(j["loss"].get<double>());
-  }
-  return out;
-}
-
 std::map<std::string, torch::Tensor> latest_weights(const std::string& run) {
   std::ifstream in(run + "/checkpoints/latest");
   std::string name;
@@ -88,7 +78,7 @@ TEST(Distributed, TwoProcessesMatchOneProcess) {
     auto r2 = emoe::test::run_emoe(train_args(model, method, two, 20, "--set threads=1 --nproc 2" + extra));
     ASSERT_EQ(r2.exit_code, 0) << r2.err;
     EXPECT_NE(r2.err.find("data parallel: 2 ranks"), std::string::npos) << r2.err;
-    auto l1 = train_losses(one), l2 = train_losses(two);
+    auto l1 = emoe::test::train_losses(one), l2 = emoe::test::train_losses(two);
     ASSERT_EQ(l1.size(), 20u);
     ASSERT_EQ(l2.size(), 20u);
     double worst_loss = 0;
@@ -131,7 +121,7 @@ Interrupted interrupt_worker(const std::string& args, const std::string& run, si
   }
   Interrupted r;
   const auto t_start = std::chrono::steady_clock::now();
-  while (train_losses(run).size() < steps) {
+  while (emoe::test::train_losses(run).size() < steps) {
     if (std::chrono::steady_clock::now() - t_start > std::chrono::seconds(120)) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -165,7 +155,7 @@ TEST(Distributed, DeadOrHungWorkerStopsTheJobAndResumeFinishes) {
     EXPECT_LT(r.seconds, 30.0);
     auto again = emoe::test::run_emoe(train_args(model, "full", run, 40, dist + " --resume"));
     ASSERT_EQ(again.exit_code, 0) << again.err;
-    EXPECT_EQ(train_losses(run).size(), 40u);
+    EXPECT_EQ(emoe::test::train_losses(run).size(), 40u);
     EXPECT_TRUE(fs::exists(run + "/results.json"));
   }
   {
@@ -179,6 +169,6 @@ TEST(Distributed, DeadOrHungWorkerStopsTheJobAndResumeFinishes) {
     EXPECT_LT(r.seconds, 40.0);
     auto again = emoe::test::run_emoe(train_args(model, "full", run, 40, "--set threads=1 --set train.save_every=2 --resume"));
     ASSERT_EQ(again.exit_code, 0) << again.err;
-    EXPECT_EQ(train_losses(run).size(), 40u);
+    EXPECT_EQ(emoe::test::train_losses(run).size(), 40u);
   }
 }

@@ -159,22 +159,13 @@ TEST(TrainE2E, Bf16MixedPrecisionTracksFp32) {
   EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
   EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
   emoe::test::TempDir tmp;
-  auto losses = [](const std::string& run) {
-    std::vector<double> out;
-    std::ifstream in(run + "/metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line);
-      if (j["type"] == "train") out.push_back(j["loss"].get<double>());
-    }
-    return out;
-  };
   std::vector<std::string> common = {"save_best=false", "train.max_steps=2", "train.log_every=1",
                                      "train.max_eval_examples=16", "ood=[]"};
   auto a = tmp.file("fp32"), b = tmp.file("bf16");
   emoe::run_training(tiny_run(bert, "full", a, common), false);
   common.push_back("train.precision=bf16-mixed");
   auto rb = emoe::run_training(tiny_run(bert, "full", b, common), false);
-  auto la = losses(a), lb = losses(b);
+  auto la = emoe::test::train_losses(a), lb = emoe::test::train_losses(b);
   ASSERT_EQ(la.size(), 2u);
   ASSERT_EQ(lb.size(), 2u);
   EXPECT_NE(la[0], lb[0]);  // autocast did run the matrix multiplies in bf16

@@ -1,6 +1,8 @@
 // Implementation of the test helpers.
 #include "support/test_support.h"
 
+#include <nlohmann/json.hpp>
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -100,6 +102,16 @@ ModelPtr tiny_bert_classifier() {
   torch::NoGradGuard g;
   for (auto& p : m->parameters()) p.normal_(0, 0.3);
   return m;
+}
+
+std::vector<double> train_losses(const std::string& run_dir) {
+  std::vector<double> out;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);  // a line still being written is skipped
+    if (!j.is_discarded() && j["type"] == "train" && j["loss"].is_number()) out.push_back(j["loss"].get<double>());
+  }
+  return out;
 }
 
 }  // namespace emoe::test

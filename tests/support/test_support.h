@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <vector>
 
 #include "emoe/models/model.h"
 
@@ -39,6 +40,9 @@ struct CommandResult {
 };
 // Runs `emoe <args>` through the shell (args are passed verbatim), capturing both streams.
 CommandResult run_emoe(const std::string& args, const std::string& stdin_text = "");
+
+// The "loss" of every "train" record in RUN/metrics.jsonl, in order (a half-written last line is skipped).
+std::vector<double> train_losses(const std::string& run_dir);
 
 // A seeded 2-layer BERT sequence classifier (hidden 16, d_ff 32, 2 labels) with N(0, 0.3) weights.
 ModelPtr tiny_bert_classifier();

@@ -96,8 +96,13 @@ EvalOutput evaluate_classifier(PretrainedModelImpl& model, const std::vector<Enc
   return o;
 }
 
-EvalOutput evaluate_lm_loss(PretrainedModelImpl& model, const std::vector<EncodedExample>& data,
-                            int64_t batch_size, int64_t pad_id, const EvalShard& shard) {
+namespace {
+
+// The mean per-token loss of a language model over `data`: `seq2seq` collates text-to-text
+// examples (every label token counts), otherwise causal LM examples (the labels after the first
+// position count, as the loss is shifted).
+EvalOutput token_loss(PretrainedModelImpl& model, const std::vector<EncodedExample>& data, int64_t batch_size,
+                      int64_t pad_id, const EvalShard& shard, bool seq2seq) {
   auto t0 = std::chrono::steady_clock::now();
   EvalModeGuard guard(model);
   torch::NoGradGuard no_grad;
@@ -108,13 +113,14 @@ EvalOutput evaluate_lm_loss(PretrainedModelImpl& model, const std::vector<Encode
     std::vector<const EncodedExample*> ex(mine.begin() + static_cast<std::ptrdiff_t>(b),
                                           mine.begin() + static_cast<std::ptrdiff_t>(
                                                              std::min(mine.size(), b + static_cast<size_t>(batch_size))));
-    auto batch = collate(ex, pad_id, false, true);
+    auto batch = seq2seq ? collate_seq2seq(ex, pad_id) : collate(ex, pad_id, false, true);
     ModelInputs in;
     in.input_ids = batch.input_ids.to(dev);
     in.attention_mask = batch.attention_mask.to(dev);
     in.labels = batch.labels.to(dev);
     auto out = model.forward(in);
-    double n = (batch.labels.narrow(1, 1, batch.labels.size(1) - 1) != -100).sum().item<double>();
+    const auto counted = seq2seq ? batch.labels : batch.labels.narrow(1, 1, batch.labels.size(1) - 1);
+    double n = (counted != -100).sum().item<double>();
     if (n > 0) nll += out.loss.item<double>() * n;
     tokens += n;
   }
@@ -126,43 +132,22 @@ EvalOutput evaluate_lm_loss(PretrainedModelImpl& model, const std::vector<Encode
   EvalOutput o;
   o.examples = static_cast<int64_t>(data.size());
   o.loss = tokens > 0 ? nll / tokens : 0;
-  o.metrics["perplexity"] = std::exp(o.loss);
   o.seconds = seconds_since(t0);
+  return o;
+}
+
+}  // namespace
+
+EvalOutput evaluate_lm_loss(PretrainedModelImpl& model, const std::vector<EncodedExample>& data,
+                            int64_t batch_size, int64_t pad_id, const EvalShard& shard) {
+  EvalOutput o = token_loss(model, data, batch_size, pad_id, shard, false);
+  o.metrics["perplexity"] = std::exp(o.loss);
   return o;
 }
 
 EvalOutput evaluate_seq2seq_loss(PretrainedModelImpl& model, const std::vector<EncodedExample>& data,
                                  int64_t batch_size, int64_t pad_id, const EvalShard& shard) {
-  auto t0 = std::chrono::steady_clock::now();
-  EvalModeGuard guard(model);
-  torch::NoGradGuard no_grad;
-  const auto dev = model_device(model);
-  const auto mine = shard_of(data, shard);
-  double nll = 0, tokens = 0;
-  for (size_t b = 0; b < mine.size(); b += static_cast<size_t>(batch_size)) {
-    std::vector<const EncodedExample*> ex(mine.begin() + static_cast<std::ptrdiff_t>(b),
-                                          mine.begin() + static_cast<std::ptrdiff_t>(
-                                                             std::min(mine.size(), b + static_cast<size_t>(batch_size))));
-    auto batch = collate_seq2seq(ex, pad_id);
-    ModelInputs in;
-    in.input_ids = batch.input_ids.to(dev);
-    in.attention_mask = batch.attention_mask.to(dev);
-    in.labels = batch.labels.to(dev);
-    auto out = model.forward(in);
-    double n = (batch.labels != -100).sum().item<double>();
-    if (n > 0) nll += out.loss.item<double>() * n;
-    tokens += n;
-  }
-  if (shard.size > 1) {
-    auto parts = shard.all_gather({nll, tokens});
-    nll = 0, tokens = 0;
-    for (const auto& p : parts) nll += p.at(0), tokens += p.at(1);
-  }
-  EvalOutput o;
-  o.examples = static_cast<int64_t>(data.size());
-  o.loss = tokens > 0 ? nll / tokens : 0;
-  o.seconds = seconds_since(t0);
-  return o;
+  return token_loss(model, data, batch_size, pad_id, shard, true);
 }
 
 int64_t pick_choice(const at::Tensor& next_logits, const std::vector<int64_t>& letter_tokens) {
