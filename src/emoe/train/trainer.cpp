@@ -533,7 +533,8 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
   result.run_dir = c.dir;
   bool done = st.step >= total_steps;
   Progress progress(total_steps, "train", o.log_every);
-  double loss_acc = 0;
+  double loss_acc = 0, aux_acc = 0;  // logged: the task loss and, apart, the balance losses
+  bool has_aux = false;
   int64_t loss_count = 0, tokens_acc = 0;
   auto window_start = std::chrono::steady_clock::now();
   auto checkpoint = [&] {
@@ -569,8 +570,11 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
         PrecisionScope scope(precision, c.device);  // forward and loss; backward follows the graph
         out = c.model->forward(in);
         loss = out.loss;
-        if (auto aux = collect_aux_loss(*c.model); aux.defined()) loss = loss + aux;
-        if (auto aux = collect_peft_aux_loss(*c.model); aux.defined()) loss = loss + aux;
+        for (const auto& aux : {collect_aux_loss(*c.model), collect_peft_aux_loss(*c.model)})
+          if (aux.defined()) {
+            loss = loss + aux;
+            has_aux = true;
+          }
         count = lm    ? (in.labels.narrow(1, 1, in.labels.size(1) - 1) != -100).sum().item<double>()
                 : s2s ? (in.labels != -100).sum().item<double>()  // the loss is a token mean
                       : static_cast<double>(ex.size());
@@ -578,15 +582,17 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
       }
       double loss_value = ex.empty() ? 0.0 : loss.item<double>();
       double mean_loss = ex.empty() ? 0.0 : out.loss.item<double>();
+      double aux_loss = loss_value - mean_loss;  // the balance losses (MoE, MoV/MoLoRA routers)
       double scale = 1.0;  // this rank's share of the global mean
       if (c.comm) {
         // one small all-reduce: the global count (to weight this rank's mean), the logged loss,
         // the tokens, and whether any rank saw a non-finite loss
         const bool finite = std::isfinite(loss_value);
         auto g = c.comm->all_reduce_sum({count, count > 0 && finite ? mean_loss * count : 0.0, tokens,
-                                         finite ? 0.0 : 1.0});
+                                         finite ? 0.0 : 1.0, count > 0 && finite ? aux_loss * count : 0.0});
         scale = g[0] > 0 ? count * static_cast<double>(c.comm->size()) / g[0] : 0.0;
         mean_loss = g[0] > 0 ? g[1] / g[0] : 0.0;
+        aux_loss = g[0] > 0 ? g[4] / g[0] : 0.0;  // the ranks' balance losses, weighted as the loss
         tokens = g[2];
         if (g[3] > 0) loss_value = std::numeric_limits<double>::quiet_NaN();
       }
@@ -597,7 +603,7 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
         skip_window = true;
       }
       if (!skip_window && !ex.empty() && count > 0) (loss * (scale / static_cast<double>(o.grad_accum))).backward();
-      if (std::isfinite(loss_value)) loss_acc += mean_loss, loss_count += 1;
+      if (std::isfinite(loss_value)) loss_acc += mean_loss, aux_acc += aux_loss, loss_count += 1;
       tokens_acc += static_cast<int64_t>(tokens);
       if (!boundary) continue;
       if (sync) sync->finish();
@@ -632,13 +638,15 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
                                              lr));
       if (c.main_rank() && (st.step % o.log_every == 0 || st.step == total_steps)) {
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
-        append_metrics(metrics_path, {{"type", "train"}, {"step", st.step}, {"epoch", epoch + 1},
-                                      {"loss", loss_count > 0 ? nlohmann::json(loss_acc / static_cast<double>(loss_count))
-                                                              : nlohmann::json()},
-                                      {"skipped_steps", st.skipped_steps},
-                                      {"lr", lr}, {"tokens_per_s", tokens_acc / std::max(secs, 1e-9)},
-                                      {"batches_per_s", loss_count / std::max(secs, 1e-9)}});
-        loss_acc = 0, loss_count = 0, tokens_acc = 0;
+        nlohmann::json record = {
+            {"type", "train"}, {"step", st.step}, {"epoch", epoch + 1},
+            {"loss", loss_count > 0 ? nlohmann::json(loss_acc / static_cast<double>(loss_count)) : nlohmann::json()},
+            {"skipped_steps", st.skipped_steps}, {"lr", lr},
+            {"tokens_per_s", tokens_acc / std::max(secs, 1e-9)}, {"batches_per_s", loss_count / std::max(secs, 1e-9)}};
+        // the balance losses apart from the task loss (over all ranks in a data-parallel run)
+        if (has_aux && loss_count > 0) record["aux_loss"] = aux_acc / static_cast<double>(loss_count);
+        append_metrics(metrics_path, record);
+        loss_acc = 0, aux_acc = 0, loss_count = 0, tokens_acc = 0;
         window_start = std::chrono::steady_clock::now();
       }
       if (st.step >= total_steps) done = true;
