@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A tiny randomly initialised T5 (d_model 64, 2 + 2 blocks, vocabulary 512) on the shared
-# SentencePiece tokenizer, briefly trained as an autoencoder on a small corpus by `emoe pretrain`.
+# A tiny T5 (d_model 64, 2 + 2 blocks, vocabulary 613: 512 pieces, 100 sentinels, <pad>) on the shared
+# SentencePiece model (saved as a T5Tokenizer with 100 sentinels), briefly pretrained with span
+# corruption on a small corpus by `emoe pretrain`.
 # Usage: scripts/make_tiny_t5.sh OUTPUT_DIR [STEPS]
 set -euo pipefail
 out=${1:?usage: $0 OUTPUT_DIR [STEPS]}

@@ -13,7 +13,8 @@ using emoe::test::run_emoe;
 
 namespace {
 
-// A randomly initialised T5 (d_model 64, 2 + 2 blocks) on the 512-piece SentencePiece tokenizer.
+// A T5 (d_model 64, 2 + 2 blocks) with one step of span corruption, on the 512-piece
+// SentencePiece model saved as a T5Tokenizer.
 std::string s2s_make_tiny_t5(const emoe::test::TempDir& tmp, const std::string& tok_dir) {
   {
     std::ofstream corpus(tmp.file("corpus.txt"));
@@ -53,7 +54,8 @@ TEST(Seq2SeqTrain, PeftMethodsOnATinyT5MixtureReportHeldOutMedianAccuracy) {
     std::ifstream in(model + "/config.json");
     auto cfg = nlohmann::json::parse(in);
     EXPECT_EQ(cfg["model_type"], "t5");
-    EXPECT_EQ(cfg["vocab_size"], 512);
+    EXPECT_EQ(cfg["vocab_size"], 613);  // T5Tokenizer: 512 pieces, 100 sentinels, <pad>
+    EXPECT_TRUE(std::filesystem::exists(model + "/spiece.model"));
     EXPECT_EQ(cfg["decoder_start_token_id"], cfg["pad_token_id"]);
   }
   int64_t base = 0;
@@ -85,6 +87,14 @@ TEST(Seq2SeqTrain, PeftMethodsOnATinyT5MixtureReportHeldOutMedianAccuracy) {
     EXPECT_GT(trainable, 0);
     if (base == 0) base = frozen;
     EXPECT_EQ(frozen, base);
+    // the analytic cost counts the decoder's target tokens too; only adapters train
+    ASSERT_TRUE(res.contains("cost")) << res.dump();
+    EXPECT_GT(res["cost"]["target_len"].get<int64_t>(), 0);
+    const double fwd = res["cost"]["forward_gmacs_per_token"].get<double>();
+    const double train = res["cost"]["train_gmacs_per_token"].get<double>();
+    EXPECT_GT(fwd, 0.0);
+    EXPECT_GE(train, 2 * fwd);
+    EXPECT_LT(train, 2.5 * fwd);
   }
 }
 

@@ -2,6 +2,7 @@
 // transformers' outputs; strict loading, the FFN slots, incremental decoding and generation.
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 #include "emoe/core/error.h"
@@ -452,6 +453,60 @@ TEST(T5Generate, BeamSearchIsConsistentAndScoresAtLeastAsWellAsGreedy) {
         std::cout << fmt::format(
             "[ info ] eos {} row {}: beam [{}] score {:.5f}, greedy score {:.5f}\n", eos, r,
             fmt::join(v.data_ptr<int64_t>(), v.data_ptr<int64_t>() + v.numel(), " "), b, gr);
+      }
+    }
+  }
+}
+
+// With as many beams as the vocabulary has tokens, two steps of beam search cannot miss: every
+// first token stays open, so the result must be the best of all 1- and 2-token continuations
+// under Hugging Face's scoring (sum of log-probabilities over the hypothesis length, eos ending
+// a hypothesis), found here by scoring every one of them.
+TEST(T5Generate, BeamSearchWithAllTokensAsBeamsFindsTheExhaustiveBest) {
+  for (auto [rel, frequent] : {std::pair<std::string, int64_t>{"fixtures/tiny/t5_cg", 51},
+                               {"fixtures/tiny/t5_v11_cg", 11}}) {
+    EMOE_REQUIRE_SHARED(dir, rel);
+    auto fx = emoe::load_safetensors(dir + "/fixture.safetensors");
+    auto model = emoe::load_model(dir);
+    torch::NoGradGuard g;
+    auto ids = fx["input_ids"], mask = fx["attention_mask"];
+    const int64_t vocab = model->forward([&] {
+                                   emoe::ModelInputs in;
+                                   in.input_ids = ids.narrow(0, 0, 1);
+                                   in.decoder_input_ids = torch::zeros({1, 1}, torch::kLong);
+                                   return in;
+                                 }())
+                              .logits.size(-1);
+    for (int64_t eos : {int64_t{1}, frequent}) {
+      for (int64_t r = 0; r < ids.size(0); ++r) {
+        SCOPED_TRACE(rel + " eos " + std::to_string(eos) + " row " + std::to_string(r));
+        const int64_t len = mask[r].sum().item<int64_t>();
+        auto row_ids = ids[r].narrow(0, 0, len);
+        // every [start, a] at once: position 0 gives the first token's, position 1 the second's
+        emoe::ModelInputs in;
+        in.input_ids = row_ids.unsqueeze(0).expand({vocab, len}).contiguous();
+        in.decoder_input_ids =
+            torch::stack({torch::zeros({vocab}, torch::kLong), torch::arange(vocab)}, 1);
+        auto logp = torch::log_softmax(model->forward(in).logits.to(torch::kDouble), -1);
+        auto lp1 = logp[0][0];
+        auto lp2 = logp.select(1, 1);  // [a, b]
+        double best = lp1[eos].item<double>();  // [start, eos]: length 1
+        for (int64_t a = 0; a < vocab; ++a) {
+          if (a == eos) continue;
+          const double first = lp1[a].item<double>();
+          best = std::max(best, (first + lp2[a][eos].item<double>()) / 2.0);
+          auto open = lp2[a].clone();
+          open[eos] = -std::numeric_limits<double>::infinity();
+          best = std::max(best, (first + open.max().item<double>()) / 3.0);
+        }
+        emoe::GenerateOptions go;
+        go.eos_ids = {eos};
+        go.pad_id = 0;
+        go.max_new_tokens = 2;
+        go.num_beams = vocab;
+        auto out = emoe::generate_seq2seq(*model, row_ids.unsqueeze(0), {}, go)[0];
+        const double got = t5_beam_score(*model, row_ids, out, eos);
+        EXPECT_NEAR(got, best, 1e-5) << out;
       }
     }
   }

@@ -72,6 +72,68 @@ TEST(Flops, MatchHandCounts) {
   EXPECT_DOUBLE_EQ(ll.forward.at("attention_proj"), 2 * (64.0 + 2 * 8 * 4 + 64));
 }
 
+TEST(Flops, EncoderDecoderMatchesHandCounts) {
+  // T5-like: d 8, 2 heads of d_kv 3 (inner width 6), d_ff 32, 2 encoder + 1 decoder blocks,
+  // vocabulary 10; 10 source and 5 target tokens (15 in all).
+  emoe::ModelSummary s;
+  s.model_type = "t5";
+  s.head = emoe::Head::kSeq2SeqLM;
+  s.num_layers = 2;
+  s.num_decoder_layers = 1;
+  s.hidden_size = 8;
+  s.num_heads = 2;
+  s.num_kv_heads = 2;
+  s.head_dim = 3;
+  s.intermediate_size = 32;
+  s.vocab_size = 10;
+  s.activation = "relu";
+  emoe::MethodCost dense;
+  auto c = emoe::count_flops(s, dense, 10, 5);
+  // projections: encoder 2·10·(4·8·6) = 3840; decoder self q,k,v,o 5·192 = 960, cross q,o
+  // 5·96 = 480, cross k,v on the source 10·96 = 960
+  EXPECT_DOUBLE_EQ(c.forward.at("attention_proj"), (3840.0 + 960 + 480 + 960) / 15);
+  // scores: encoder 2·10·(2·10·6) = 2400; decoder self 5·(2·5·6) = 300, cross 5·(2·10·6) = 600
+  EXPECT_DOUBLE_EQ(c.forward.at("attention_scores"), (2400.0 + 300 + 600) / 15);
+  // FFN 2·8·32 = 512 on 2·10 + 5 token-blocks; LM head 5·8·10
+  EXPECT_DOUBLE_EQ(c.forward.at("ffn"), 25 * 512.0 / 15);
+  EXPECT_DOUBLE_EQ(c.forward.at("head"), 400.0 / 15);
+  EXPECT_DOUBLE_EQ(c.train_total, 2 * c.forward_total + (6240.0 + 25 * 512 + 400) / 15);
+  // target_len 0 means as long as the source
+  EXPECT_DOUBLE_EQ(emoe::count_flops(s, dense, 10).forward.at("ffn"), 30 * 512.0 / 20);
+  // gated-GELU (v1.1): 3·d·d_ff
+  s.activation = "gated-gelu";
+  EXPECT_DOUBLE_EQ(emoe::count_flops(s, dense, 10, 5).forward.at("ffn"), 25 * 768.0 / 15);
+  s.activation = "relu";
+  // EMoE dispatched (N 4, k 1) on the decoder's FFN only: its 5 tokens run 1/4 of it, plus the
+  // avg-k gate d·N
+  emoe::MethodCost moe;
+  moe.moe = true;
+  moe.moe_layers = 1;
+  moe.moe_decoder_layers = 1;
+  moe.moe_config = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
+  moe.moe_config.experts = 4;
+  moe.moe_config.topk = 1;
+  moe.moe_config.execution = emoe::Execution::kDispatched;
+  auto m = emoe::count_flops(s, moe, 10, 5);
+  EXPECT_DOUBLE_EQ(m.forward.at("ffn"), (25 * 512.0 - 5 * 0.75 * 512) / 15);
+  EXPECT_DOUBLE_EQ(m.forward.at("gate"), 5 * 32.0 / 15);
+  // MoV, 10 experts: k and v (router + mixture, 2·6·10 each) on 2·10 encoder tokens, 5 decoder
+  // self and 10 cross-attention source tokens; the FFN intermediate (2·32·10) on 2·10 + 5 tokens
+  emoe::MethodCost mov;
+  mov.peft.method = emoe::PeftMethod::kMov;
+  mov.peft.experts = 10;
+  mov.trainable_body = false;
+  auto v = emoe::count_flops(s, mov, 10, 5);
+  EXPECT_DOUBLE_EQ(v.forward.at("adapters"), (240.0 * 35 + 640.0 * 25) / 15);
+  EXPECT_DOUBLE_EQ(v.train_total, 2 * v.forward_total + v.forward.at("adapters"));
+  // LoRA r 2 on q, v: 2·(8 + 6) per token and target; 2·10·2 + 5·2 + 5 + 10 of them
+  emoe::MethodCost lora;
+  lora.peft.method = emoe::PeftMethod::kLora;
+  lora.peft.r = 2;
+  lora.trainable_body = false;
+  EXPECT_DOUBLE_EQ(emoe::count_flops(s, lora, 10, 5).forward.at("adapters"), 28.0 * 65 / 15);
+}
+
 TEST(Balance, StatsOfUniformSkewedAndEmpty) {
   auto u = emoe::balance_stats({5, 5, 5, 5});
   EXPECT_NEAR(u.entropy_bits, 2.0, 1e-12);

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <fstream>
+#include <set>
 
 #include "emoe/core/error.h"
 #include "emoe/io/safetensors.h"
@@ -31,9 +32,10 @@ emoe::ModelPtr peft_tiny_model(const std::string& type, Head head, int64_t seed 
   else if (type == "gpt2")
     j = {{"model_type", "gpt2"}, {"n_embd", 16},     {"n_layer", 2},
          {"n_head", 2},          {"vocab_size", 50}, {"n_positions", 32}};
-  else if (type == "t5")
+  else if (type == "t5" || type == "t5-gated")
     j = {{"model_type", "t5"}, {"vocab_size", 50}, {"d_model", 16}, {"d_kv", 8}, {"d_ff", 32},
-         {"num_layers", 2}, {"num_decoder_layers", 2}, {"num_heads", 2}};
+         {"num_layers", 2}, {"num_decoder_layers", 2}, {"num_heads", 2},
+         {"feed_forward_proj", type == "t5" ? "relu" : "gated-gelu"}};
   else
     j = {{"model_type", "llama"},    {"hidden_size", 16},
          {"intermediate_size", 24},  {"num_hidden_layers", 2},
@@ -239,6 +241,55 @@ TEST(PeftMov, ExpertsMixPerToken) {
   auto y = lin.base_forward(x);
   auto want = y * torch::softmax(y.matmul(a->routers[0]), -1).matmul(a->vectors[0]);
   EXPECT_LE(emoe::test::max_abs_diff(lin.forward(x), want), 1e-6);
+}
+
+// MoV's soft merging on T5 (v1.0 and the gated v1.1) at every site SPEC §3.3 names — keys and
+// values of self- and cross-attention, the FFN intermediate (for v1.1 the product
+// gelu(wi_0 x) * wi_1 x, so the scale applies on the gelu branch) — equals the explicit
+// probability-weighted sum of the experts' (IA)^3 outputs: sum_e p_e(a) f(x; v_e).
+TEST(PeftMov, SoftMergingEqualsTheWeightedSumOfExpertOutputsOnT5) {
+  for (std::string type : {"t5", "t5-gated"}) {
+    SCOPED_TRACE(type);
+    auto m = peft_tiny_model(type, Head::kSeq2SeqLM);
+    emoe::apply_peft(*m, peft_config(PeftMethod::kMov, 3));
+    auto mv = peft_adapters_of<emoe::MovAdapter>(*m);
+    ASSERT_EQ(mv.size(), 16u);
+    std::set<std::string> sites;
+    torch::NoGradGuard g;
+    for (auto& [name, a] : mv) {
+      SCOPED_TRACE(name);
+      sites.insert(name.substr(name.rfind('.', name.size() - 4) + 1));
+      for (size_t r = 0; r < a->vectors.size(); ++r) {
+        a->vectors[r].normal_(1, 0.5);
+        a->routers[r].normal_(0, 1);
+      }
+      auto& lin = peft_linear_named(*m, name);
+      auto x = torch::randn({5, lin.options().in});
+      torch::Tensor want;
+      if (a->feedforward()) {
+        auto p = torch::softmax(x.matmul(a->routers[0]), -1);
+        want = torch::zeros({5, lin.options().out});
+        for (int64_t e = 0; e < 3; ++e)
+          want += p.narrow(1, e, 1) * lin.base_forward(x * a->vectors[0][e]);
+      } else {
+        auto y = lin.base_forward(x);
+        want = y.clone();
+        for (size_t r = 0; r < a->ranges().size(); ++r) {
+          auto slice = y.narrow(1, a->ranges()[r].offset, a->ranges()[r].length);
+          auto p = torch::softmax(slice.matmul(a->routers[r]), -1);
+          auto sum = torch::zeros_like(slice);
+          for (int64_t e = 0; e < 3; ++e) sum += p.narrow(1, e, 1) * (slice * a->vectors[r][e]);
+          want.narrow(1, a->ranges()[r].offset, a->ranges()[r].length).copy_(sum);
+        }
+      }
+      EXPECT_LE(emoe::test::max_abs_diff(lin.forward(x), want), 1e-5);
+    }
+    // self-attention k, v and cross-attention k, v ("SelfAttention.k", "EncDecAttention.v", ...)
+    // and the FFN output projection's input ("DenseReluDense.wo")
+    EXPECT_EQ(sites, (std::set<std::string>{"SelfAttention.k", "SelfAttention.v",
+                                            "EncDecAttention.k", "EncDecAttention.v",
+                                            "DenseReluDense.wo"}));
+  }
 }
 
 TEST(PeftMolora, OneExpertEqualsLora) {

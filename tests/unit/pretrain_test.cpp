@@ -1,7 +1,10 @@
 // Pretraining: the WordPiece vocabulary trainer, the demo's synthetic data, the pretraining
-// config and short pretraining runs of BERT (masked LM) and Llama (causal LM).
+// config, T5 span corruption and short pretraining runs of BERT (masked LM), Llama / GPT-2
+// (causal LM) and T5.
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
+#include <random>
 #include <set>
 
 #include "emoe/core/error.h"
@@ -155,4 +158,84 @@ TEST(Pretrain, Gpt2CausalLmWithAGivenTokenizer) {
   EXPECT_EQ(model->summary().model_type, "gpt2");
   EXPECT_EQ(model->summary().intermediate_size, 64);
   EXPECT_TRUE(fs::exists(tmp.file("m/vocab.json")));
+}
+
+TEST(SpanCorruption, SentinelsReplaceSpansAndTheTargetsRestoreThem) {
+  const std::vector<int64_t> sentinels = {99, 98, 97, 96, 95};
+  std::mt19937_64 rng(3);
+  std::set<int64_t> span_counts;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t n = 2 + trial % 60;
+    std::vector<int64_t> ids(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = 10 + i;
+    auto sc = emoe::span_corrupt(ids, 0.15, 3.0, sentinels, 1, rng);
+    ASSERT_EQ(sc.inputs.back(), 1);
+    ASSERT_EQ(sc.targets.back(), 1);
+    // sentinels in order in both, the same number of spans
+    std::vector<int64_t> in_s, out_s;
+    for (auto t : sc.inputs) if (t >= 95) in_s.push_back(t);
+    for (auto t : sc.targets) if (t >= 95) out_s.push_back(t);
+    ASSERT_EQ(in_s, out_s);
+    ASSERT_EQ(in_s, std::vector<int64_t>(sentinels.begin(), sentinels.begin() + static_cast<int64_t>(in_s.size())));
+    // noise: round(0.15 n) within [1, n - 1]; spans: round(noise / 3) within [1, noise]
+    const int64_t noise = static_cast<int64_t>(sc.targets.size()) - 1 - static_cast<int64_t>(out_s.size());
+    EXPECT_EQ(noise, std::clamp<int64_t>(std::llround(0.15 * static_cast<double>(n)), 1, n - 1)) << n;
+    EXPECT_EQ(static_cast<int64_t>(out_s.size()),
+              std::clamp<int64_t>(std::llround(static_cast<double>(noise) / 3.0), 1, std::min<int64_t>(noise, n - noise)));
+    span_counts.insert(static_cast<int64_t>(out_s.size()));
+    // putting each span back in place of its sentinel gives the text; the text starts kept
+    std::vector<int64_t> restored;
+    size_t t = 0;
+    for (size_t i = 0; i + 1 < sc.inputs.size(); ++i) {
+      if (sc.inputs[i] < 95) {
+        restored.push_back(sc.inputs[i]);
+        continue;
+      }
+      ASSERT_EQ(sc.targets[t], sc.inputs[i]);
+      for (++t; t + 1 < sc.targets.size() && sc.targets[t] < 95; ++t) restored.push_back(sc.targets[t]);
+    }
+    ASSERT_EQ(restored, ids);
+    EXPECT_LT(sc.inputs.front(), 95);
+    // every span non-empty: no two sentinels in a row in the targets
+    for (size_t i = 0; i + 1 < sc.targets.size(); ++i)
+      EXPECT_FALSE(sc.targets[i] >= 95 && (sc.targets[i + 1] >= 95 || sc.targets[i + 1] == 1));
+  }
+  EXPECT_GE(span_counts.size(), 3u);  // 1, 2, 3 spans all occur over these lengths
+}
+
+TEST(Pretrain, T5SpanCorruptionSavesAT5TokenizerAndLearns) {
+  EMOE_REQUIRE_SHARED(tok, "fixtures/tokenizers/llama-tok512");
+  EMOE_REQUIRE_SHARED(corpus, "data/corpus/tinystories/tinystories_val_prefix.txt");
+  emoe::test::TempDir tmp;
+  auto c = tiny_pretrain(corpus, tmp.file("m"));
+  c.arch = "t5";
+  c.tokenizer = tok;
+  c.steps = 40;
+  auto r = emoe::run_pretraining(c);
+  EXPECT_LT(r.final_loss, r.first_loss - 0.5) << r.first_loss << " -> " << r.final_loss;
+  EXPECT_TRUE(fs::exists(tmp.file("m/spiece.model")));
+  EXPECT_FALSE(fs::exists(tmp.file("m/tokenizer.model")));
+  auto t5tok = emoe::load_tokenizer(tmp.file("m"));
+  EXPECT_EQ(t5tok->vocab_size(), 613);  // 512 pieces, 100 sentinels, <pad>
+  EXPECT_EQ(t5tok->token_to_id("<extra_id_0>"), 611);
+  auto model = emoe::load_model(tmp.file("m"));
+  EXPECT_EQ(model->summary().model_type, "t5");
+  EXPECT_EQ(model->summary().vocab_size, 613);
+  EXPECT_EQ(model->summary().decoder_start_token_id, 612);
+  // the autoencoder objective stays available; a tokenizer without sentinels cannot corrupt spans
+  c.t5_objective = "autoencoder";
+  c.output = tmp.file("ae");
+  c.steps = 2;
+  EXPECT_NO_THROW(emoe::run_pretraining(c));
+  EMOE_REQUIRE_SHARED(gpt2_tok, "fixtures/tokenizers/gpt2");
+  c.t5_objective = "span-corruption";
+  c.tokenizer = gpt2_tok;
+  c.output = tmp.file("bad");
+  try {
+    emoe::run_pretraining(c);
+    ADD_FAILURE() << "no error";
+  } catch (const emoe::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("t5_objective=autoencoder"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(tmp.file("bad")));  // refused before anything is written
 }

@@ -16,6 +16,7 @@ struct MethodCost {
   bool moe = false;
   MoeConfig moe_config;             // when moe
   int64_t moe_layers = 0;           // converted layers
+  int64_t moe_decoder_layers = 0;   // encoder-decoder models: how many of them are the decoder's
   PeftConfig peft;                  // kNone for full / MoE-only
   bool trainable_body = true;       // full fine-tuning (false: only adapters and head train)
 };
@@ -30,7 +31,13 @@ struct FlopCount {
 
 // Counts for sequences of `seq_len` tokens (attention scores cost seq_len · d per token,
 // counted over the full length as the non-causal bound). Dispatched EMoE runs k/N of the FFN;
-// masked EMoE costs the dense FFN (plus its gate).
-FlopCount count_flops(const ModelSummary& model, const MethodCost& method, int64_t seq_len);
+// masked EMoE costs the dense FFN (plus its gate). PEFT adapters are counted on their default
+// targets.
+// Encoder-decoder models (T5): an example of `seq_len` source and `target_len` target tokens
+// (0: seq_len); the counts are per token of the two together. The encoder runs on the source;
+// each decoder block runs self-attention and its FFN on the target, cross-attention's q and o
+// on the target and its k and v on the source; the LM head on the target.
+FlopCount count_flops(const ModelSummary& model, const MethodCost& method, int64_t seq_len,
+                      int64_t target_len = 0);
 
 }  // namespace emoe

@@ -27,6 +27,7 @@ struct ModelSummary {
   // the decoder's; ffn_slots() lists the encoder's FFNs first, then the decoder's. 0 otherwise.
   int64_t num_layers = 0, num_decoder_layers = 0, hidden_size = 0, num_heads = 0, num_kv_heads = 0;
   int64_t intermediate_size = 0, vocab_size = 0, max_positions = 0, num_labels = 0;
+  int64_t head_dim = 0;  // per attention head; 0: hidden_size / num_heads (T5 sets d_kv)
   std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
   std::optional<int64_t> decoder_start_token_id;  // encoder-decoder models
   std::string activation;

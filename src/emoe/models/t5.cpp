@@ -404,6 +404,7 @@ class T5ModelImpl : public PretrainedModelImpl {
     summary_.hidden_size = c.d_model;
     summary_.num_heads = c.num_heads;
     summary_.num_kv_heads = c.num_heads;
+    summary_.head_dim = c.d_kv;
     summary_.intermediate_size = c.d_ff;
     summary_.vocab_size = c.vocab_size;
     summary_.max_positions = c.n_positions;

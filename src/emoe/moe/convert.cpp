@@ -292,7 +292,7 @@ MoeState moe_state_from_json(const JsonFields& j) {
 }
 
 void copy_tokenizer_files(const std::string& from, const std::string& to) {
-  for (const char* f : {"tokenizer.json", "tokenizer.model", "vocab.txt", "vocab.json", "merges.txt",
+  for (const char* f : {"tokenizer.json", "tokenizer.model", "spiece.model", "vocab.txt", "vocab.json", "merges.txt",
                         "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                         "generation_config.json"}) {
     auto src = fs::path(from) / f;

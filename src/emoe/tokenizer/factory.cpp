@@ -24,17 +24,22 @@ void check_tokenizer_class(const TokenizerConfig& config, const Tokenizer& tok) 
   static const std::map<std::string, std::set<std::string>> kReproduced = {
       {"wordpiece", {"BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer"}},
       {"bpe", {"GPT2Tokenizer"}},
-      {"sentencepiece", {"LlamaTokenizer"}}};
+      {"sentencepiece", {"LlamaTokenizer"}},
+      {"sentencepiece-t5", {"T5Tokenizer"}}};
+  std::string kind = tok.kind();
+  if (auto* spm = dynamic_cast<const SentencePieceTokenizer*>(&tok);
+      spm && spm->flavor() == SpmFlavor::kT5)
+    kind = "sentencepiece-t5";
   std::string base = *cls;
   const std::string fast = "Fast";
   if (base.size() > fast.size() && base.compare(base.size() - fast.size(), fast.size(), fast) == 0)
     base.resize(base.size() - fast.size());
-  const std::set<std::string>& allowed = kReproduced.at(tok.kind());
+  const std::set<std::string>& allowed = kReproduced.at(kind);
   if (base == "PreTrainedTokenizer" || allowed.count(base)) return;
   EMOE_THROW(InputError,
              "{}: field 'tokenizer_class': '{}' is not supported with these files; the {} "
              "tokenizer reproduces {}",
-             config.config_file(), *cls, tok.kind(), fmt::join(allowed, ", "));
+             config.config_file(), *cls, kind, fmt::join(allowed, ", "));
 }
 
 std::unique_ptr<Tokenizer> load_by_files(const std::string& dir, const TokenizerConfig& config) {
@@ -49,9 +54,10 @@ std::unique_ptr<Tokenizer> load_by_files(const std::string& dir, const Tokenizer
     return load_bpe(dir, config);
   }
   if (has("tokenizer.model")) return load_sentencepiece(dir, config);
+  if (has("spiece.model")) return load_t5_sentencepiece(dir, config);
   EMOE_THROW(InputError,
              "{}: no tokenizer files found (looked for tokenizer.json, vocab.txt, "
-             "vocab.json+merges.txt, tokenizer.model)",
+             "vocab.json+merges.txt, tokenizer.model, spiece.model)",
              dir);
 }
 

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "emoe/core/error.h"
+#include "emoe/core/json_depth.h"
 
 namespace emoe {
 namespace fs = std::filesystem;
@@ -15,7 +16,7 @@ json read_json_object(const std::string& path) {
   EMOE_CHECK(in.good(), InputError, "{}: cannot open the file", path);
   json j;
   try {
-    j = json::parse(in);
+    j = parse_json_limited(path, in);
   } catch (const json::exception& e) {
     EMOE_THROW(InputError, "{}: not valid JSON ({})", path, e.what());
   }
@@ -155,6 +156,16 @@ std::optional<bool> TokenizerConfig::get_bool(const std::string& key) const {
              "{}: field '{}': expected true or false, got {}", config_file_, key,
              config_.at(key).dump());
   return config_.at(key).get<bool>();
+}
+
+std::optional<int64_t> TokenizerConfig::get_int(const std::string& key, int64_t lo,
+                                                 int64_t hi) const {
+  if (!config_.contains(key) || config_.at(key).is_null()) return std::nullopt;
+  const json& v = config_.at(key);
+  EMOE_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi, InputError,
+             "{}: field '{}': expected an integer in [{}, {}], got {}", config_file_, key, lo, hi,
+             v.dump());
+  return v.get<int64_t>();
 }
 
 std::optional<std::string> TokenizerConfig::get_string(const std::string& key) const {

@@ -1,5 +1,6 @@
 // tokenizer_config.json, special_tokens_map.json and added_tokens.json of a tokenizer folder.
 #pragma once
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -32,6 +33,8 @@ class TokenizerConfig {
 
   std::optional<bool> get_bool(const std::string& key) const;
   std::optional<std::string> get_string(const std::string& key) const;
+  // An integer within [lo, hi].
+  std::optional<int64_t> get_int(const std::string& key, int64_t lo, int64_t hi) const;
   // A list of strings (never_split).
   std::vector<std::string> get_string_list(const std::string& key) const;
 

@@ -303,10 +303,12 @@ std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& dir,
     // SentencePiece-style: the slow tokenizer (what ids must equal) reads tokenizer.model.
     if (fs::is_regular_file(fs::path(dir) / "tokenizer.model"))
       return load_sentencepiece(dir, config);
+    if (fs::is_regular_file(fs::path(dir) / "spiece.model"))
+      return load_t5_sentencepiece(dir, config);
     f.fail("model.type",
            fmt::format("a SentencePiece-style '{}' model (no ByteLevel pre-tokenizer) cannot be "
                        "reproduced exactly from tokenizer.json alone; put the SentencePiece "
-                       "tokenizer.model beside it",
+                       "tokenizer.model (or T5's spiece.model) beside it",
                        type));
   }
   f.fail("model.type", fmt::format("expected WordPiece, BPE or Unigram, got '{}'", type));

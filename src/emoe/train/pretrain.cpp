@@ -4,9 +4,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <set>
 #include <sstream>
@@ -32,7 +34,8 @@ nlohmann::json PretrainConfig::to_json() const {
           {"warmup_ratio", warmup_ratio}, {"weight_decay", weight_decay}, {"mask_prob", mask_prob},
           {"batch_size", batch_size}, {"steps", steps}, {"max_length", max_length},
           {"log_every", log_every}, {"seed", seed}, {"output", output}, {"device", device},
-          {"dtype", dtype}, {"threads", threads}};
+          {"dtype", dtype}, {"threads", threads}, {"t5_objective", t5_objective},
+          {"mean_span_length", mean_span_length}};
 }
 
 PretrainConfig PretrainConfig::from_json(const nlohmann::json& j, const std::string& where) {
@@ -56,6 +59,7 @@ PretrainConfig PretrainConfig::from_json(const nlohmann::json& j, const std::str
   get("mask_prob", c.mask_prob); get("batch_size", c.batch_size); get("steps", c.steps);
   get("max_length", c.max_length); get("log_every", c.log_every); get("seed", c.seed);
   get("output", c.output); get("device", c.device); get("dtype", c.dtype); get("threads", c.threads);
+  get("t5_objective", c.t5_objective); get("mean_span_length", c.mean_span_length);
   return c;
 }
 
@@ -72,6 +76,10 @@ void PretrainConfig::validate() const {
   if (max_length < 4 || max_length > max_positions) bad("max_length", fmt::format("expected 4..max_positions ({}), got {}", max_positions, max_length));
   if (mask_prob <= 0 || mask_prob >= 1) bad("mask_prob", "expected (0, 1)");
   if (lr <= 0) bad("lr", "expected > 0");
+  if (t5_objective != "span-corruption" && t5_objective != "autoencoder")
+    bad("t5_objective", fmt::format("expected span-corruption or autoencoder, got '{}'", t5_objective));
+  if (!(mean_span_length >= 1 && mean_span_length <= 1000))
+    bad("mean_span_length", fmt::format("expected 1 to 1000, got {}", mean_span_length));
 }
 
 PretrainConfig load_pretrain_config(const std::string& path, const std::vector<std::string>& overrides) {
@@ -139,7 +147,63 @@ void pretrain_mask(torch::Tensor& ids, torch::Tensor& labels, const torch::Tenso
   ids = torch::where(replace, random_ids, ids);
 }
 
+// `n` items cut into `k` non-empty runs at k - 1 distinct points drawn uniformly: run lengths.
+std::vector<int64_t> pretrain_random_runs(int64_t n, int64_t k, std::mt19937_64& rng) {
+  std::vector<int64_t> cuts(static_cast<size_t>(n - 1));
+  std::iota(cuts.begin(), cuts.end(), int64_t{1});
+  std::shuffle(cuts.begin(), cuts.end(), rng);
+  cuts.resize(static_cast<size_t>(k - 1));
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<int64_t> runs;
+  int64_t prev = 0;
+  for (int64_t c : cuts) runs.push_back(c - prev), prev = c;
+  runs.push_back(n - prev);
+  return runs;
+}
+
+// A SentencePiece tokenizer given for a T5 is saved as T5Tokenizer (spiece.model, 100 sentinels,
+// eos appended, no bos), so that the model can be trained with span corruption.
+void pretrain_write_t5_tokenizer(const std::string& out, int64_t max_positions) {
+  const fs::path dir(out);
+  std::error_code ec;
+  if (fs::exists(dir / "tokenizer.model")) {
+    fs::rename(dir / "tokenizer.model", dir / "spiece.model", ec);
+    EMOE_CHECK(!ec, RuntimeError, "{}: cannot rename tokenizer.model to spiece.model: {}", out, ec.message());
+  }
+  for (const char* f : {"tokenizer.json", "special_tokens_map.json", "added_tokens.json"}) fs::remove(dir / f, ec);
+  nlohmann::json j = {{"tokenizer_class", "T5Tokenizer"}, {"extra_ids", 100}, {"eos_token", "</s>"},
+                      {"unk_token", "<unk>"}, {"pad_token", "<pad>"}, {"model_max_length", max_positions}};
+  write_text_atomic((dir / "tokenizer_config.json").string(), j.dump(2) + "\n");
+}
+
 }  // namespace
+
+SpanCorruption span_corrupt(const std::vector<int64_t>& ids, double density, double mean_span,
+                            const std::vector<int64_t>& sentinels, int64_t eos, std::mt19937_64& rng) {
+  const auto n = static_cast<int64_t>(ids.size());
+  EMOE_CHECK(n >= 2, InputError, "span corruption needs at least 2 tokens, got {}", n);
+  EMOE_CHECK(!sentinels.empty(), InputError, "span corruption needs sentinel tokens");
+  const int64_t noise = std::clamp<int64_t>(std::llround(static_cast<double>(n) * density), 1, n - 1);
+  const int64_t spans = std::clamp<int64_t>(std::llround(static_cast<double>(noise) / mean_span), 1,
+                                            std::min<int64_t>({noise, n - noise,
+                                                               static_cast<int64_t>(sentinels.size())}));
+  const auto noise_runs = pretrain_random_runs(noise, spans, rng);
+  const auto kept_runs = pretrain_random_runs(n - noise, spans, rng);
+  SpanCorruption out;
+  int64_t pos = 0;
+  for (int64_t s = 0; s < spans; ++s) {
+    const auto sentinel = sentinels[static_cast<size_t>(s)];
+    out.inputs.insert(out.inputs.end(), ids.begin() + pos, ids.begin() + pos + kept_runs[s]);
+    pos += kept_runs[s];
+    out.inputs.push_back(sentinel);
+    out.targets.push_back(sentinel);
+    out.targets.insert(out.targets.end(), ids.begin() + pos, ids.begin() + pos + noise_runs[s]);
+    pos += noise_runs[s];
+  }
+  out.inputs.push_back(eos);
+  out.targets.push_back(eos);
+  return out;
+}
 
 PretrainResult run_pretraining(const PretrainConfig& cfg) {
   cfg.validate();
@@ -147,7 +211,15 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
   configure_threads(cfg.threads);
   const auto device = parse_device(cfg.device);
   auto lines = pretrain_read_lines(cfg.corpus);  // before anything is written
-  if (cfg.tokenizer != "train") load_tokenizer(cfg.tokenizer);  // a bad folder fails here too
+  if (cfg.tokenizer != "train") {  // a bad folder fails here too, before anything is written
+    auto given = load_tokenizer(cfg.tokenizer);
+    EMOE_CHECK(cfg.arch != "t5" || cfg.t5_objective != "span-corruption" ||
+                   given->kind() == "sentencepiece" || given->token_to_id("<extra_id_0>"),
+               InputError,
+               "{}: t5_objective span-corruption needs <extra_id_N> sentinels and an eos token (a "
+               "SentencePiece tokenizer, saved as T5Tokenizer); use t5_objective=autoencoder",
+               cfg.tokenizer);
+  }
   std::error_code ec;
   fs::create_directories(cfg.output, ec);
   EMOE_CHECK(!ec, RuntimeError, "{}: cannot create: {}", cfg.output, ec.message());
@@ -172,17 +244,24 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
   }
   auto tok = load_tokenizer(tok_dir);
   if (tok_dir != cfg.output) copy_tokenizer_files(tok_dir, cfg.output);
-  if (cfg.arch == "t5" && tok->kind() == "sentencepiece") {
-    // T5's convention: no bos, eos appended to every encoded text
-    const auto tc = fs::path(cfg.output) / "tokenizer_config.json";
-    nlohmann::json j = nlohmann::json::object();
-    if (fs::exists(tc)) j = JsonFields::from_file(tc.string()).raw();
-    j["add_bos_token"] = false;
-    j["add_eos_token"] = true;
-    write_text_atomic(tc.string(), j.dump(2) + "\n");
+  if (cfg.arch == "t5" && tok->kind() == "sentencepiece" && !tok->token_to_id("<extra_id_0>")) {
+    pretrain_write_t5_tokenizer(cfg.output, cfg.max_positions);
     tok = load_tokenizer(cfg.output);
   }
   const bool seq2seq = cfg.arch == "t5";
+  const bool span = seq2seq && cfg.t5_objective == "span-corruption";
+  std::vector<int64_t> sentinels;
+  if (span) {
+    for (int i = 0; i < 100; ++i) {
+      auto id = tok->token_to_id(fmt::format("<extra_id_{}>", i));
+      if (!id) break;
+      sentinels.push_back(*id);
+    }
+    EMOE_CHECK(!sentinels.empty() && tok->special().eos, InputError,
+               "{}: t5_objective span-corruption needs <extra_id_N> sentinels and an eos token (a "
+               "SentencePiece tokenizer, saved as T5Tokenizer); use t5_objective=autoencoder",
+               tok_dir);
+  }
   const bool mlm = cfg.arch == "bert";
   std::optional<int64_t> mask_id;
   if (mlm) {
@@ -197,6 +276,10 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
         (ids.empty() || ids.back() != *tok->special().eos))
       ids.push_back(*tok->special().eos);
     if (ids.size() >= 3) seqs.push_back(std::move(ids));
+  }
+  if (span) {  // span corruption draws from the text tokens; its own eos ends inputs and targets
+    for (auto& s : seqs)
+      if (s.back() == *tok->special().eos) s.pop_back();
   }
   std::set<int64_t> special_ids;
   for (const auto& o : {tok->special().cls, tok->special().sep, tok->special().pad, tok->special().bos,
@@ -224,6 +307,15 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
     std::vector<const std::vector<int64_t>*> batch;
     for (int64_t i = 0; i < cfg.batch_size; ++i)
       batch.push_back(&seqs[std::uniform_int_distribution<size_t>(0, seqs.size() - 1)(rng)]);
+    std::vector<SpanCorruption> corrupted;
+    corrupted.reserve(batch.size());  // `batch` points into it
+    if (span) {
+      for (auto*& s : batch) {
+        corrupted.push_back(span_corrupt(*s, cfg.mask_prob, cfg.mean_span_length, sentinels,
+                                         *tok->special().eos, rng));
+        s = &corrupted.back().inputs;
+      }
+    }
     size_t len = 0;
     for (auto* s : batch) len = std::max(len, s->size());
     auto ids = torch::full({cfg.batch_size, static_cast<int64_t>(len)}, pad, torch::kLong);
@@ -239,8 +331,16 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
       auto special = mask == 0;
       for (auto s : special_ids) special = special.logical_or(ids == s);
       pretrain_mask(ids, labels, special, *mask_id, tok->vocab_size(), cfg.mask_prob, gen);
+    } else if (span) {
+      size_t tlen = 0;
+      for (const auto& sc : corrupted) tlen = std::max(tlen, sc.targets.size());
+      labels = torch::full({cfg.batch_size, static_cast<int64_t>(tlen)}, -100, torch::kLong);
+      for (int64_t i = 0; i < cfg.batch_size; ++i) {
+        const auto& t = corrupted[static_cast<size_t>(i)].targets;
+        labels[i].narrow(0, 0, static_cast<int64_t>(t.size())).copy_(torch::tensor(t, torch::kLong));
+      }
     } else {
-      // causal LM: the text itself; T5: an autoencoder (encoder reads the text, decoder writes it)
+      // causal LM: the text itself; T5 autoencoder: the encoder reads the text, the decoder writes it
       labels = ids.masked_fill(mask == 0, -100);
     }
     in.input_ids = ids.to(device);

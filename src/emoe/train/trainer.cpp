@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "emoe/analysis/flops.h"
 #include "emoe/analysis/usage.h"
 #include "emoe/core/error.h"
 #include "emoe/core/runtime.h"
@@ -719,6 +720,25 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
                         {"train_seconds", st.train_seconds},
                         {"parameters", {{"total", counts.total}, {"trainable", counts.trainable}}},
                         {"history", st.history}};
+  {
+    // analytic cost at the run's length bounds (what a padded batch computes per token)
+    const ModelSummary& sm = c.model->summary();
+    MethodCost cost;
+    cost.name = c.cfg.method;
+    cost.moe = !c.moe.empty();
+    cost.moe_config = c.moe.config;
+    cost.moe_layers = static_cast<int64_t>(c.moe.splits.size());
+    for (const auto& kv : c.moe.splits)
+      if (kv.first >= sm.num_layers && sm.encoder_decoder()) ++cost.moe_decoder_layers;
+    cost.peft = c.peft;
+    cost.trainable_body = c.peft.method == PeftMethod::kNone;
+    const int64_t seq = std::min<int64_t>(c.cfg.train.max_length, sm.max_positions > 0 ? sm.max_positions : c.cfg.train.max_length);
+    const int64_t target = s2s ? c.cfg.train.max_target_length : 0;
+    const FlopCount fl = count_flops(sm, cost, seq, target);
+    res["cost"] = {{"seq_len", seq}, {"forward_gmacs_per_token", fl.forward_total / 1e9},
+                   {"train_gmacs_per_token", fl.train_total / 1e9}};
+    if (s2s) res["cost"]["target_len"] = target;
+  }
   if (s2s) {
     nlohmann::json mix = nlohmann::json::object();
     for (size_t t = 0; t < c.cfg.mixture.tasks.size(); ++t)
