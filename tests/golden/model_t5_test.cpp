@@ -519,19 +519,26 @@ TEST(T5Model, PeftDefaultsAdaptSelfAndCrossAttentionAndTheFfnOutput) {
   in.input_ids = fx["input_ids"];
   in.attention_mask = fx["attention_mask"];
   in.decoder_input_ids = fx["decoder_input_ids"];
-  for (auto m : {emoe::PeftMethod::kLora, emoe::PeftMethod::kIa3, emoe::PeftMethod::kMov}) {
+  for (auto m : {emoe::PeftMethod::kLora, emoe::PeftMethod::kIa3, emoe::PeftMethod::kMov,
+                 emoe::PeftMethod::kMolora}) {
     SCOPED_TRACE(emoe::to_string(m));
     auto model = emoe::load_model(dir);
     auto adapted = emoe::apply_peft(*model, emoe::PeftConfig::for_method(m, "t5"));
     // 2 encoder self-attentions, 2 decoder self- and 2 cross-attentions: 2 Linear each; (IA)^3
-    // and MoV also scale the 4 FFN outputs (wo)
-    EXPECT_EQ(adapted.size(), m == emoe::PeftMethod::kLora ? 12u : 16u)
+    // and MoV also scale the 4 FFN outputs (wo); MoLoRA adapts q, k, v, o of the 6 attentions
+    // and wi_0, wi_1, wo of the 4 FFNs
+    EXPECT_EQ(adapted.size(), m == emoe::PeftMethod::kLora     ? 12u
+                              : m == emoe::PeftMethod::kMolora ? 36u
+                                                               : 16u)
         << fmt::format("{}", fmt::join(adapted, " "));
+    if (m == emoe::PeftMethod::kMolora)
+      EXPECT_NE(std::find(adapted.begin(), adapted.end(), "encoder.block.0.layer.1.DenseReluDense.wi_1"),
+                adapted.end());
     EXPECT_NE(
         std::find(adapted.begin(), adapted.end(), "decoder.block.1.layer.1.EncDecAttention.v"),
         adapted.end());
-    // freshly initialised adapters leave the function unchanged (LoRA's B = 0, (IA)^3 and MoV's
-    // vectors = 1)
+    // freshly initialised adapters leave the function unchanged (LoRA's and MoLoRA's B = 0,
+    // (IA)^3 and MoV's vectors = 1)
     torch::NoGradGuard g;
     EXPECT_LT(max_abs_diff(model->forward(in).logits, fx["logits"]), emoe::test::kGoldenTol);
   }

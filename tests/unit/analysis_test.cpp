@@ -132,6 +132,16 @@ TEST(Flops, EncoderDecoderMatchesHandCounts) {
   lora.peft.r = 2;
   lora.trainable_body = false;
   EXPECT_DOUBLE_EQ(emoe::count_flops(s, lora, 10, 5).forward.at("adapters"), 28.0 * 65 / 15);
+  // MoLoRA r 2, 3 experts on every linear: a site (a -> b) costs 3·2·(a + b) + 3a: q, k, v 108,
+  // o 102, wi 264, wo 336. Encoder 20 token-blocks of 1026; decoder 5 target tokens of self q, k,
+  // v, o (426), cross q, o (210) and the FFN (600), 10 source tokens of cross k, v (216)
+  emoe::MethodCost molora;
+  molora.peft.method = emoe::PeftMethod::kMolora;
+  molora.peft.r = 2;
+  molora.peft.experts = 3;
+  molora.trainable_body = false;
+  EXPECT_DOUBLE_EQ(emoe::count_flops(s, molora, 10, 5).forward.at("adapters"),
+                   (20 * 1026.0 + 5 * (426.0 + 210 + 600) + 10 * 216.0) / 15);
 }
 
 TEST(Balance, StatsOfUniformSkewedAndEmpty) {

@@ -60,12 +60,18 @@ FlopCount count_encoder_decoder(const ModelSummary& s, const MethodCost& m, int6
   const auto pm = m.peft.method;
   const double r = static_cast<double>(m.peft.r), pe = static_cast<double>(m.peft.experts);
   double adapters = 0;
-  // LoRA / MoLoRA on q and v: self-attention q, v of each stack, cross-attention q (target) and
-  // v (source); per target of width (d -> in): r (d + in), MoLoRA E times that plus its router
-  const double lora_one = pm == PeftMethod::kLora     ? r * (d + in)
-                          : pm == PeftMethod::kMolora ? pe * r * (d + in) + d * pe
-                                                      : 0.0;
-  adapters += lora_one * (Le * S * 2 + Ld * (T * 2 + T + S));
+  // LoRA on q and v: self-attention q, v of each stack, cross-attention q (target) and v
+  // (source); r (d + in) per token and target
+  if (pm == PeftMethod::kLora) adapters = r * (d + in) * (Le * S * 2 + Ld * (T * 2 + T + S));
+  // MoLoRA on every linear of the blocks (T5's default): E experts of r (a + b) and a router a·E
+  // on the input of each (a -> b) linear
+  if (pm == PeftMethod::kMolora) {
+    auto site = [&](double a, double b) { return pe * r * (a + b) + a * pe; };
+    const double ffn_site = (gated ? 2 : 1) * site(d, f) + site(f, d);
+    const double self_attn = 3 * site(d, in) + site(in, d);
+    adapters = Le * S * (self_attn + ffn_site) +
+               Ld * (T * (self_attn + site(d, in) + site(in, d) + ffn_site) + S * 2 * site(d, in));
+  }
   // MoV on k, v (router a·W_r and mixture p·V over `in`) and the FFN intermediate (over f)
   if (pm == PeftMethod::kMov)
     adapters = 2 * in * pe * 2 * (Le * S + Ld * (T + S)) + 2 * f * pe * (Le * S + Ld * T);

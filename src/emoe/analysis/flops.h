@@ -32,7 +32,7 @@ struct FlopCount {
 // Counts for sequences of `seq_len` tokens (attention scores cost seq_len · d per token,
 // counted over the full length as the non-causal bound). Dispatched EMoE runs k/N of the FFN;
 // masked EMoE costs the dense FFN (plus its gate). PEFT adapters are counted on their default
-// targets.
+// targets (T5's MoLoRA: every linear of the blocks).
 // Encoder-decoder models (T5): an example of `seq_len` source and `target_len` target tokens
 // (0: seq_len); the counts are per token of the two together. The encoder runs on the source;
 // each decoder block runs self-attention and its FFN on the target, cross-attention's q and o

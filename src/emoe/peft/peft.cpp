@@ -68,6 +68,9 @@ std::optional<std::vector<std::string>> peft_defaults(PeftMethod m, const std::s
   }
   if (type == "t5") {  // PEFT's mappings; k, v (and q) also match the cross-attention's
     if (feedforward) return std::vector<std::string>{"wo"};
+    // MoLoRA where its paper ran it: every linear layer of the blocks (wi or wi_0 / wi_1, wo)
+    if (m == PeftMethod::kMolora)
+      return std::vector<std::string>{"q", "k", "v", "o", "DenseReluDense.*"};
     if (scaling) return std::vector<std::string>{"k", "v", "wo"};
     return std::vector<std::string>{"q", "v"};
   }
