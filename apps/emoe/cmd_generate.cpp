@@ -23,7 +23,7 @@ struct GenerateArgs {
   int64_t top_k = 0;
   std::optional<int64_t> num_beams;
   uint64_t seed = 0;
-  bool ignore_eos = false, no_cache = false;
+  bool ignore_eos = false, no_cache = false, show_special = false;
   RunFlags run;
 };
 
@@ -86,14 +86,15 @@ void run_generate(const GenerateArgs& a) {
   auto prompt = torch::tensor(ids, torch::kLong).unsqueeze(0);
   // Stream: print the newly decoded suffix after each token.
   std::vector<int64_t> all = seq2seq ? std::vector<int64_t>{} : ids;
-  std::string shown = tok->decode(all, /*skip_special_tokens=*/true);
+  const bool skip_special = !a.show_special;
+  std::string shown = tok->decode(all, skip_special);
   std::cout << shown << std::flush;
   auto t0 = std::chrono::steady_clock::now();
   int64_t produced = 0;
   auto on_step = [&](int64_t, const at::Tensor& next) {
     all.push_back(next[0].item<int64_t>());
     ++produced;
-    std::string text = tok->decode(all, true);
+    std::string text = tok->decode(all, skip_special);
     if (text.size() >= shown.size() && text.compare(0, shown.size(), shown) == 0) {
       std::cout << text.substr(shown.size()) << std::flush;
       shown = text;
@@ -108,7 +109,7 @@ void run_generate(const GenerateArgs& a) {
   } else {
     generate(*model, prompt, {}, o, on_step);
   }
-  std::string final_text = tok->decode(all, true);
+  std::string final_text = tok->decode(all, skip_special);
   if (final_text != shown && final_text.compare(0, shown.size(), shown) == 0)
     std::cout << final_text.substr(shown.size());
   std::cout << "\n" << std::flush;
@@ -131,6 +132,8 @@ void register_generate(CLI::App& app) {
                   "Beam search with N beams (T5; default: generation_config.json, else 1)");
   cmd->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at the end-of-sequence token");
+  cmd->add_flag("--show-special", a->show_special,
+                "Print special tokens (e.g. T5's <extra_id_N> sentinels, </s>) instead of skipping them");
   cmd->add_flag("--no-cache", a->no_cache, "Recompute the whole prefix at every step");
   add_run_flags(cmd, a->run);
   cmd->callback([a] { run_generate(*a); });

@@ -94,9 +94,11 @@ TEST(T5Cli, GeneratePrintsTheDecodedOutputOfTheLibraryGeneration) {
     v << "[PAD]\n[SEP]\n[UNK]\n[CLS]\n";
     for (int i = 4; i < 100; ++i) v << "w" << i << "\n";
   }
+  // and one more special token, a word these beams produce
+  std::ofstream(tmp.file("special_tokens_map.json")) << R"({"additional_special_tokens": ["w11"]})";
   // the same ids through the library: [CLS] w5 w6 w7 [SEP] (a prompt where beams change the output)
   auto model = emoe::load_model(dir);
-  auto expected_text = [&](int64_t beams) {
+  auto expected_text = [&](int64_t beams, bool special = false) {
     emoe::GenerateOptions o;
     o.max_new_tokens = 8;
     o.eos_ids = {1};
@@ -107,8 +109,9 @@ TEST(T5Cli, GeneratePrintsTheDecodedOutputOfTheLibraryGeneration) {
     std::string text;
     for (int64_t i = 1; i < ids.size(1); ++i) {
       int64_t t = ids[0][i].item<int64_t>();
-      if (t < 4) continue;  // special tokens are skipped when decoding
-      text += (text.empty() ? "w" : " w") + std::to_string(t);
+      static const char* kNames[] = {"[PAD]", "[SEP]", "[UNK]", "[CLS]"};
+      if ((t < 4 || t == 11) && !special) continue;  // special tokens are skipped when decoding
+      text += (text.empty() ? "" : " ") + (t < 4 ? std::string(kNames[t]) : "w" + std::to_string(t));
     }
     return text + "\n";
   };
@@ -119,6 +122,11 @@ TEST(T5Cli, GeneratePrintsTheDecodedOutputOfTheLibraryGeneration) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, expected_text(3));
   EXPECT_NE(expected_text(3), expected_text(1));
+  // --show-special keeps them (T5's sentinels and eos)
+  r = run_emoe("generate " + tmp.path() + " --prompt 'w5 w6 w7' -n 8 --num-beams 3 --show-special -q");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, expected_text(3, true));
+  EXPECT_NE(r.out, expected_text(3));
   // no prompt: T5 has nothing to encode
   t5_expect_usage_error(run_emoe("generate " + tmp.path() + " -n 2 -q"),
                         "needs input text for its encoder");
