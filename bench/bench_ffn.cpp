@@ -1,7 +1,11 @@
 // Benchmark: one FFN layer forward+backward, dense vs EMoE masked vs EMoE dispatched at
-// k/N = 1/2, 1/4, 1/8. Prints times and ratios measured in the same run.
+// k/N = 1/2, 1/4, 1/8. Prints times and ratios measured in the same run: for each row the three
+// are timed in turn, step after step, and each column is the median of its steps, so that the
+// machine's load changes all three alike.
+#include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <vector>
 
 #include "emoe/core/logging.h"
 #include "emoe/core/runtime.h"
@@ -10,11 +14,16 @@
 
 namespace {
 
-double time_it(const std::function<void()>& f, int reps) {
-  f();  // warm-up
+double time_once(const std::function<void()>& f) {
   auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < reps; ++i) f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 }  // namespace
@@ -39,7 +48,6 @@ int main(int argc, char** argv) {
   };
   std::cout << "FFN " << d << " x " << d_ff << ", " << tokens << " tokens, forward+backward, "
             << emoe::configure_threads(0) << " threads\n";
-  double dense = time_it(step, reps);
   std::cout << "| N | k/N | dense (ms) | masked (ms) | dispatched (ms) | masked/dense | dispatched/dense | dispatched/masked |\n"
                "|---|---|---|---|---|---|---|---|\n";
   for (int64_t experts : {64, 16}) {
@@ -53,10 +61,19 @@ int main(int argc, char** argv) {
   auto* plug = emoe::moe_plugs(*model)[0];
   for (int64_t div : {2, 4, 8}) {
     plug->mutable_config().topk = experts / div;
-    plug->mutable_config().execution = emoe::Execution::kMasked;
-    double masked = time_it(step, reps);
-    plug->mutable_config().execution = emoe::Execution::kDispatched;
-    double disp = time_it(step, reps);
+    std::vector<double> td, tm, tx;
+    for (int r = -1; r < reps; ++r) {  // r = -1: warm-up of each
+      plug->set_dense_override(true);
+      const double a = time_once(step);
+      plug->set_dense_override(false);
+      plug->mutable_config().execution = emoe::Execution::kMasked;
+      const double b = time_once(step);
+      plug->mutable_config().execution = emoe::Execution::kDispatched;
+      const double c2 = time_once(step);
+      if (r < 0) continue;
+      td.push_back(a), tm.push_back(b), tx.push_back(c2);
+    }
+    const double dense = median(td), masked = median(tm), disp = median(tx);
     std::cout << fmt::format("| {} | 1/{} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | {:.2f} |\n",
                              experts, div, dense * 1e3, masked * 1e3, disp * 1e3, masked / dense,
                              disp / dense, disp / masked);
