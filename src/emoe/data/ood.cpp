@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "emoe/core/error.h"
+#include "emoe/core/json_depth.h"
 #include "emoe/data/dataset.h"
 #include "emoe/data/text_table.h"
 
@@ -251,7 +252,7 @@ void ood_load_advglue(const OodSet& set, const std::string& path, const TaskSpec
                       Dataset& d) {
   nlohmann::json root;
   try {
-    root = nlohmann::json::parse(read_text_file(path));
+    root = parse_json_limited(path, read_text_file(path));
   } catch (const nlohmann::json::exception& e) {
     EMOE_THROW(InputError, "{}: invalid JSON: {}", path, e.what());
   }

@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "emoe/core/error.h"
+#include "emoe/core/json_depth.h"
 
 namespace emoe {
 
@@ -189,7 +190,7 @@ TextTable read_jsonl(const std::string& path) {
     if (table_trim(body).empty()) continue;
     nlohmann::ordered_json obj;
     try {
-      obj = nlohmann::ordered_json::parse(body);
+      obj = parse_json_limited<nlohmann::ordered_json>(fmt::format("{}:{}", path, line), body);
     } catch (const nlohmann::json::exception& e) {
       EMOE_THROW(InputError, "{}:{}: invalid JSON: {}", path, line, e.what());
     }
@@ -303,8 +304,9 @@ double parse_label(const std::string& text, const TaskSpec& task,
     errno = 0;
     char* end = nullptr;
     double x = std::strtod(v.c_str(), &end);
-    bool integral =
-        end == v.c_str() + v.size() && errno == 0 && std::isfinite(x) && x == std::floor(x);
+    // (an id beyond int64's range, 1e300, is not one: converting it would be undefined behaviour)
+    bool integral = end == v.c_str() + v.size() && errno == 0 && std::isfinite(x) &&
+                    x == std::floor(x) && std::fabs(x) < 0x1p63;
     auto named = std::find(task.labels.begin(), task.labels.end(), v);
     if (integral) {
       id = static_cast<int64_t>(x);

@@ -1,10 +1,12 @@
 // JSON config access with one clear error per bad field.
 #include "emoe/io/hf_config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "emoe/core/error.h"
+#include "emoe/core/json_depth.h"
 
 namespace emoe {
 using json = nlohmann::json;
@@ -19,7 +21,7 @@ JsonFields JsonFields::from_file(const std::string& path) {
   EMOE_CHECK(in.good(), InputError, "{}: cannot open (missing file?)", path);
   json j;
   try {
-    j = json::parse(in);
+    j = parse_json_limited(path, in);
   } catch (const json::exception& e) {
     EMOE_THROW(InputError, "{}: not valid JSON: {}", path, e.what());
   }
@@ -42,8 +44,12 @@ const json& JsonFields::at(const std::string& key) const {
 int64_t JsonFields::get_int(const std::string& key) const {
   const json& v = at(key);
   if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>())))
-    return static_cast<int64_t>(v.get<double>());
+  // A float with an integral value counts (2.0, 1e3); one outside int64's range (1e38) does not:
+  // converting it would be undefined behaviour.
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (d >= -0x1p63 && d < 0x1p63 && d == std::trunc(d)) return static_cast<int64_t>(d);
+  }
   fail(key, fmt::format("expected an integer, got {} {}", v.type_name(), v.dump()));
 }
 

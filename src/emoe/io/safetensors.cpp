@@ -15,6 +15,7 @@
 #include <set>
 
 #include "emoe/core/error.h"
+#include "emoe/core/json_depth.h"
 #include "emoe/io/atomic_file.h"
 
 namespace emoe {
@@ -98,7 +99,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     const uint64_t data_size = size - 8 - n;
     json header;
     try {
-      header = json::parse(bytes + 8, bytes + 8 + n);
+      header = parse_json_limited(path, bytes + 8, bytes + 8 + n);
     } catch (const json::exception& e) {
       EMOE_THROW(InputError, "{}: header is not valid JSON: {}", path, e.what());
     }
@@ -292,7 +293,7 @@ CheckpointReader::CheckpointReader(const std::string& dir_or_file) {
     EMOE_CHECK(in.good(), InputError, "{}: cannot open", source_);
     nlohmann::json index;
     try {
-      index = nlohmann::json::parse(in);
+      index = parse_json_limited(source_, in);
     } catch (const nlohmann::json::exception& e) {
       EMOE_THROW(InputError, "{}: not valid JSON: {}", source_, e.what());
     }

@@ -47,15 +47,26 @@ void check_config_sizes(const JsonFields& cfg) {
       {"num_attention_heads", 1 << 14},      {"n_head", 1 << 14},
       {"num_heads", 1 << 14},                {"num_key_value_heads", 1 << 14},
       {"max_position_embeddings", int64_t{1} << 24}, {"n_positions", int64_t{1} << 24},
-      {"type_vocab_size", 1 << 16},          {"relative_attention_num_buckets", 1 << 16}};
+      {"type_vocab_size", 1 << 16},          {"relative_attention_num_buckets", 1 << 16},
+      {"num_labels", 1 << 16}};
   auto get = [&](const char* key) -> int64_t {
-    if (!cfg.has(key) || !cfg.raw().at(key).is_number_integer()) return 0;
-    return cfg.raw().at(key).get<int64_t>();
+    // a float counts as from_json reads it (1e9 is 1000000000), so it cannot slip past a bound
+    if (!cfg.has(key) || !cfg.raw().at(key).is_number()) return 0;
+    return cfg.get_int(key);
   };
   for (const auto& b : bounds) {
     const int64_t v = get(b.key);
     if (v < 0 || v > b.max)
       cfg.fail(b.key, fmt::format("expected 0..{}, got {} (refused before allocating)", b.max, v));
+  }
+  // without num_labels, id2label's size is the number of labels (a classifier row each)
+  int64_t labels = get("num_labels");
+  if (cfg.raw().contains("id2label") && cfg.raw().at("id2label").is_object()) {
+    const auto n = static_cast<int64_t>(cfg.raw().at("id2label").size());
+    if (n > (1 << 16))
+      cfg.fail("id2label", fmt::format("expected at most {} labels, got {} (refused before allocating)",
+                                       1 << 16, n));
+    labels = std::max(labels, n);
   }
   // a rough upper estimate of the parameter count (embeddings + per-layer attention and FFN)
   const double h = static_cast<double>(std::max({get("hidden_size"), get("n_embd"), get("d_model")}));
@@ -64,7 +75,8 @@ void check_config_sizes(const JsonFields& cfg) {
       std::max({get("num_hidden_layers"), get("n_layer"), get("num_layers")}) + get("num_decoder_layers"));
   const double vocab = static_cast<double>(get("vocab_size"));
   const double pos = static_cast<double>(std::max(get("max_position_embeddings"), get("n_positions")));
-  const double params = (vocab + pos) * h + layers * (4 * h * h + 3 * h * ff);
+  const double params =
+      (vocab + pos + static_cast<double>(labels)) * h + layers * (4 * h * h + 3 * h * ff);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   const double memory = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
   if (memory > 0 && params * 2 > memory)  // even at 2 bytes per parameter

@@ -3,7 +3,9 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <set>
 
 #include "emoe/core/error.h"
@@ -13,22 +15,75 @@ namespace emoe {
 
 namespace {
 
-nlohmann::json yaml_to_json(const YAML::Node& n) {
+// Well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if ((b & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (b & 0x3F);
+    }
+    static const uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
+// A YAML string as a JSON string: JSON text (run.json, error messages) must be UTF-8.
+std::string yaml_string(const YAML::Node& n, const std::string& s) {
+  if (!valid_utf8(s))
+    throw YAML::ParserException(n.Mark(), "text that is not valid UTF-8: " + nlohmann::json(s).dump(
+                                              -1, ' ', false, nlohmann::json::error_handler_t::replace));
+  return s;
+}
+
+// Aliases are expanded: an alias inside its own anchor (`a: &x [*x]`) would recurse forever, and
+// nested aliases grow exponentially ("billion laughs"). A run configuration is small, so the
+// expanded document is bounded in depth and in values.
+constexpr int kMaxYamlDepth = 64;
+constexpr size_t kMaxYamlValues = 10000;
+
+nlohmann::json yaml_to_json(const YAML::Node& n, int depth, size_t& values) {
+  if (depth > kMaxYamlDepth)
+    throw YAML::ParserException(n.Mark(), fmt::format("nested deeper than {} levels (or an alias inside "
+                                                      "its own anchor)", kMaxYamlDepth));
+  if (++values > kMaxYamlValues)
+    throw YAML::ParserException(n.Mark(), fmt::format("more than {} values once aliases are expanded",
+                                                      kMaxYamlValues));
   switch (n.Type()) {
     case YAML::NodeType::Null:
     case YAML::NodeType::Undefined: return nullptr;
     case YAML::NodeType::Sequence: {
       nlohmann::json a = nlohmann::json::array();
-      for (const auto& x : n) a.push_back(yaml_to_json(x));
+      for (const auto& x : n) a.push_back(yaml_to_json(x, depth + 1, values));
       return a;
     }
     case YAML::NodeType::Map: {
       nlohmann::json o = nlohmann::json::object();
-      for (const auto& kv : n) o[kv.first.as<std::string>()] = yaml_to_json(kv.second);
+      for (const auto& kv : n)
+        o[yaml_string(kv.first, kv.first.as<std::string>())] = yaml_to_json(kv.second, depth + 1, values);
       return o;
     }
     case YAML::NodeType::Scalar: {
-      const std::string s = n.Scalar();
+      const std::string s = yaml_string(n, n.Scalar());
       if (n.Tag() == "!") return s;  // quoted: a string
       if (s == "true" || s == "True") return true;
       if (s == "false" || s == "False") return false;
@@ -51,6 +106,11 @@ nlohmann::json yaml_to_json(const YAML::Node& n) {
   return nullptr;
 }
 
+nlohmann::json yaml_to_json(const YAML::Node& n) {
+  size_t values = 0;
+  return yaml_to_json(n, 0, values);
+}
+
 // Reads a key of a JSON object into `out`, naming `where.key` in errors; marks the key used.
 class Reader {
  public:
@@ -61,6 +121,16 @@ class Reader {
   void get(const char* key, T& out) {
     used_.insert(key);
     if (!j_.contains(key) || j_[key].is_null()) return;
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      // A float beyond T's range (1e300) cannot be converted (undefined behaviour): refused.
+      const auto& v = j_[key];
+      if (v.is_number_float()) {
+        const double d = v.get<double>();
+        EMOE_CHECK(d >= static_cast<double>(std::numeric_limits<T>::min()) &&
+                       d < std::ldexp(1.0, std::numeric_limits<T>::digits),
+                   InputError, "{}.{}: expected {}, got {}", where_, key, kind<T>(), v.dump());
+      }
+    }
     try {
       out = j_[key].get<T>();
     } catch (const nlohmann::json::exception&) {
