@@ -51,6 +51,28 @@ class SpmLibrary {
   decltype(&emoe_spm_pad_id) pad_id = nullptr;
 
  private:
+#ifdef EMOE_SPM_DIRECT
+  // Fuzzing and sanitizer builds without libtorch: the shim is linked into the program (ASan's
+  // runtime refuses RTLD_DEEPBIND), so its functions are called directly.
+  SpmLibrary() {
+    load_file = &emoe_spm_load_file;
+    load_serialized = &emoe_spm_load_serialized;
+    free_model = &emoe_spm_free;
+    last_error = &emoe_spm_last_error;
+    encode = &emoe_spm_encode;
+    decode = &emoe_spm_decode;
+    free_buffer = &emoe_spm_free_buffer;
+    piece_size = &emoe_spm_piece_size;
+    id_to_piece = &emoe_spm_id_to_piece;
+    piece_to_id = &emoe_spm_piece_to_id;
+    score = &emoe_spm_score;
+    piece_type = &emoe_spm_piece_type;
+    unk_id = &emoe_spm_unk_id;
+    bos_id = &emoe_spm_bos_id;
+    eos_id = &emoe_spm_eos_id;
+    pad_id = &emoe_spm_pad_id;
+  }
+#else
   SpmLibrary() {
     std::string tried;
     for (const std::string& path : spm_shim_candidates()) {
@@ -58,7 +80,13 @@ class SpmLibrary {
         tried += fmt::format("{}{} (not there)", tried.empty() ? "" : "; ", path);
         continue;
       }
+#if defined(__SANITIZE_ADDRESS__)
+      // AddressSanitizer refuses RTLD_DEEPBIND: the (uninstrumented) shim goes into a link
+      // namespace of its own instead, with its own libstdc++ and protobuf, apart from libtorch's
+      handle_ = dlmopen(LM_ID_NEWLM, path.c_str(), RTLD_NOW | RTLD_LOCAL);
+#else
       handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+#endif
       if (handle_) {
         path_ = path;
         break;
@@ -102,6 +130,7 @@ class SpmLibrary {
 
   void* handle_ = nullptr;  // never closed: models may live until exit
   std::string path_;
+#endif  // EMOE_SPM_DIRECT
 };
 
 std::vector<std::string> spm_shim_candidates() {
