@@ -57,7 +57,8 @@ TEST(TokenizerFixtures, LlamaTok512) {
   check_tokenizer_details(details, *tok);
   // The raw sentencepiece ids (no template, no special-token splitting).
   const auto& spm = dynamic_cast<const emoe::SentencePieceTokenizer&>(*tok).model();
-  for (const json& c : read_json_file(details).at("cases")) {
+  const json all = read_json_file(details);  // a range-for over a temporary's member dangles
+  for (const json& c : all.at("cases")) {
     std::string text = c.at("text").get<std::string>();
     std::vector<int> got = spm.encode(text);
     EXPECT_EQ(std::vector<int64_t>(got.begin(), got.end()),
