@@ -28,14 +28,7 @@ void from_model_file(const std::string& rest) {
   emoe_fuzz::put("tokenizer.model", parts[0]);
   if (parts.size() > 1) emoe_fuzz::put("tokenizer_config.json", parts[1]);
   auto tok = emoe::load_tokenizer(emoe_fuzz::folder());
-  for (const std::string text : kTexts) {
-    auto e = tok->encode(text, true, 16);
-    auto p = tok->encode_pair(text, "second segment", true, 12);
-    (void)tok->decode(e.ids, false);
-    (void)tok->decode(p.ids, true);
-    for (int64_t id : e.ids) (void)tok->id_to_token(id);
-  }
-  (void)tok->decode({-1, 0, tok->vocab_size(), tok->vocab_size() + 7}, false);
+  emoe_fuzz::exercise_tokenizer(*tok, kTexts);
 }
 
 void from_piece_list(const std::string& rest) {

@@ -49,4 +49,18 @@ inline std::vector<std::string> split_parts(const std::string& rest) {
   return parts;
 }
 
+// What every tokenizer harness does with a tokenizer that loaded: encode, pair, truncate and
+// decode hostile texts, look up the ids, and decode out-of-range ids.
+template <typename Tok, size_t N>
+void exercise_tokenizer(const Tok& tok, const char* const (&texts)[N]) {
+  for (const std::string text : texts) {
+    auto e = tok.encode(text, true, 16);
+    auto p = tok.encode_pair(text, "second segment", true, 12);
+    (void)tok.decode(e.ids, false);
+    (void)tok.decode(p.ids, true);
+    for (int64_t id : e.ids) (void)tok.id_to_token(id);
+  }
+  (void)tok.decode({-1, 0, tok.vocab_size(), tok.vocab_size() + 7}, false);
+}
+
 }  // namespace emoe_fuzz
