@@ -26,6 +26,12 @@ BpeTokenizer::BpeTokenizer(const std::vector<std::pair<std::string, int64_t>>& v
   EMOE_CHECK(!vocab.empty(), InputError, "{}: the BPE vocabulary is empty", source_);
   int64_t max_id = -1;
   for (const auto& [token, id] : vocab) max_id = std::max(max_id, id);
+  // ids index a table: ones far beyond the number of entries would allocate for nothing (a
+  // fuzzed vocab.json asked for 3.8 GB)
+  const auto dense_limit = static_cast<int64_t>(2 * vocab.size() + 65536);
+  EMOE_CHECK(max_id < dense_limit, InputError,
+             "{}: token ids reach {} but the vocabulary has {} entries (expected ids below {})",
+             source_, max_id, vocab.size(), dense_limit);
   decoder_.resize(static_cast<size_t>(max_id + 1));
   encoder_.reserve(vocab.size());
   for (const auto& [token, id] : vocab) {
