@@ -196,3 +196,21 @@ TEST(FuzzRegression, DeepJsonNesting) {
                                  {"tokenizer_config.json", "nested deeper than 256 levels"});
   }
 }
+
+// fuzz_tokenizer_files: a vocab.json id of ~10^8 among three entries sized the BPE id -> token
+// table to 3.8 GB (libFuzzer: out-of-memory, malloc of 3.8e9 bytes). Ids far beyond the number
+// of entries are now refused before the table is made; a dense vocabulary still loads.
+TEST(FuzzRegression, TokenizerFilesSparseBpeIds) {
+  emoe::test::TempDir dir;
+  fuzzrepro_write(dir.file("sparse/vocab.json"),
+                  "{\"a\": 0, \"b\": 1, \"<|endoftext|>\": 2, \"ab\": 94536407}");
+  fuzzrepro_write(dir.file("sparse/merges.txt"), "#version: 0.2\na b\n");
+  fuzzrepro_expect_input_error([&] { emoe::load_tokenizer(dir.file("sparse")); },
+                               {"vocab.json", "token ids reach 94536407", "has 4 entries"});
+  fuzzrepro_write(dir.file("dense/vocab.json"),
+                  "{\"a\": 0, \"b\": 1, \"<|endoftext|>\": 2, \"ab\": 3}");
+  fuzzrepro_write(dir.file("dense/merges.txt"), "#version: 0.2\na b\n");
+  auto tok = emoe::load_tokenizer(dir.file("dense"));
+  EXPECT_EQ(tok->vocab_size(), 4);
+  EXPECT_EQ(tok->encode("ab").ids, std::vector<int64_t>({3}));
+}
