@@ -2,11 +2,18 @@
 #pragma once
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <string>
 
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
+#ifdef EMOE_BENCH_HAS_CUDA_STATS  // defined by bench/CMakeLists.txt when libtorch has c10_cuda
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 namespace emoe::bench {
 
@@ -51,5 +58,75 @@ inline double peak_rss_mib() {
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<double>(ru.ru_maxrss) / 1024.0;
 }
+
+// Tensor memory: the bytes held by tensors at once, as torch.cuda.max_memory_allocated counts
+// them — without the library's code pages and the C heap's retained pages that the RSS holds.
+// On CPU a counting allocator wraps libtorch's default one (install() before the tensors to
+// count are made); on CUDA the caching allocator's own statistics are read.
+class TensorMemory final : public c10::Allocator {
+ public:
+  static TensorMemory& instance() {
+    static TensorMemory t;
+    return t;
+  }
+  // Routes every later CPU tensor allocation through the counter.
+  void install() {
+    if (installed_) return;
+    inner_ = c10::GetCPUAllocator();
+    c10::SetCPUAllocator(this, /*priority=*/100);
+    installed_ = true;
+  }
+  // Starts a new peak from the bytes held now.
+  void reset_peak(const c10::Device& device) {
+    peak_.store(current_.load());
+#ifdef EMOE_BENCH_HAS_CUDA_STATS
+    if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+#else
+    (void)device;
+#endif
+  }
+  // The largest number of bytes held at once since reset_peak(), in MiB.
+  double peak_mib(const c10::Device& device) const {
+#ifdef EMOE_BENCH_HAS_CUDA_STATS
+    if (device.is_cuda()) {
+      auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+      const auto agg = static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE);
+      return static_cast<double>(stats.allocated_bytes[agg].peak) / (1024.0 * 1024.0);
+    }
+#else
+    (void)device;
+#endif
+    return static_cast<double>(peak_.load()) / (1024.0 * 1024.0);
+  }
+
+  // A 64-byte header in front of each block holds its size (libtorch's raw_allocate needs the
+  // data pointer to be the deleter's context); 64 keeps c10's alignment.
+  c10::DataPtr allocate(size_t n) const override {
+    void* base = inner_->raw_allocate(n + kHeader);
+    *static_cast<size_t*>(base) = n;
+    void* data = static_cast<char*>(base) + kHeader;
+    const int64_t now = current_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    return {data, data, &TensorMemory::release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &TensorMemory::release; }
+
+ private:
+  static constexpr size_t kHeader = 64;
+  static void release(void* data) {
+    if (data == nullptr) return;
+    auto& self = instance();
+    void* base = static_cast<char*>(data) - kHeader;
+    self.current_.fetch_sub(static_cast<int64_t>(*static_cast<size_t*>(base)));
+    self.inner_->raw_deallocate(base);
+  }
+  TensorMemory() = default;
+  c10::Allocator* inner_ = nullptr;
+  bool installed_ = false;
+  mutable std::atomic<int64_t> current_{0};
+  mutable std::atomic<int64_t> peak_{0};
+};
 
 }  // namespace emoe::bench

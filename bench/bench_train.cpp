@@ -103,6 +103,8 @@ emoe::RunConfig method_config(const std::string& method, const Shape& s, int64_t
 void measure_one(const Args& a) {
   const auto dev = emoe::parse_device(a.device);
   const Shape s = model_shape(a.single_model, a);
+  auto& tensor_memory = emoe::bench::TensorMemory::instance();
+  tensor_memory.install();
   torch::manual_seed(0);
   auto t_setup = std::chrono::steady_clock::now();
   auto model = emoe::create_model(emoe::JsonFields(s.config, a.single_model), s.head,
@@ -158,8 +160,10 @@ void measure_one(const Args& a) {
     std::cerr << "profile of one training step written to " << a.profile << "\n";
   }
   const double gemm_before = emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 0.6);
+  tensor_memory.reset_peak(dev);
   const double train_s = emoe::bench::time_per_call(train_step, static_cast<int>(a.steps), 0.0);
   const double train_peak = emoe::bench::peak_rss_mib();
+  const double train_peak_tensors = tensor_memory.peak_mib(dev);
   // MoE methods: the same model with every plug computing its dense FFN, alternated step by
   // step with the MoE form, so that the ratio is measured under the same machine load.
   double moe_over_dense = 0;
@@ -206,6 +210,7 @@ void measure_one(const Args& a) {
                       {"inference_s", infer_s},
                       {"inference_tokens_per_s", tokens / infer_s},
                       {"train_peak_rss_mib", train_peak},
+                      {"train_peak_tensor_mib", train_peak_tensors},
                       {"loss", loss_value}};
   if (cost.moe)
     j["moe"] = {{"experts", cost.moe_config.experts}, {"topk", cost.moe_config.topk},
@@ -247,16 +252,19 @@ int run(const Args& a) {
                     "(MFU of fp32 rows uses the peak measured in that row's own process, before and after its steps)\n\n",
                     threads, a.device, peak32, peak16)
      << "| model | method | precision | params (M) | trainable (M) | train step (s) | vs full | "
-        "MoE step / dense step | train tokens/s | MFU | inference tokens/s | peak RSS (MiB) | vs full |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        "MoE step / dense step | train tokens/s | MFU | inference tokens/s | peak tensor memory (MiB) | vs full | "
+        "peak RSS (MiB) | vs full |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : rows) {
-    double full_step = 0, full_mem = 0;
+    double full_step = 0, full_mem = 0, full_tensors = 0;
     for (const auto& f : rows)
       if (f["model"] == r["model"] && f["method"] == "full" && f["precision"] == r["precision"]) {
         full_step = f["train_step_s"].get<double>();
         full_mem = f["train_peak_rss_mib"].get<double>();
+        full_tensors = f["train_peak_tensor_mib"].get<double>();
       }
     const double step = r["train_step_s"].get<double>(), mem = r["train_peak_rss_mib"].get<double>();
+    const double tensors = r["train_peak_tensor_mib"].get<double>();
     // fp32: against the peak the measuring process itself saw (the machine's load varies)
     const double peak = r["precision"] == "bf16" ? peak16 : r["fp32_peak_gflops"].get<double>();
     const double mfu = r["train_flops_per_token"].get<double>() * r["train_tokens_per_s"].get<double>() / (peak * 1e9);
@@ -265,12 +273,13 @@ int run(const Args& a) {
       method += fmt::format(" (N {}, k {}, {} layers)", r["moe"]["experts"].get<int64_t>(),
                             r["moe"]["topk"].get<int64_t>(), r["moe"]["layers"].get<int64_t>());
     const double vs_dense = r["moe_step_over_dense_step"].get<double>();
-    md << fmt::format("| {} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {} | {} | {:.0f} | {:.0f} % | {:.0f} | {:.0f} | {} |\n",
+    md << fmt::format("| {} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {} | {} | {:.0f} | {:.0f} % | {:.0f} | {:.0f} | {} | {:.0f} | {} |\n",
                       r["model"].get<std::string>(), method, r["precision"].get<std::string>(),
                       r["parameters"].get<double>() / 1e6, r["trainable"].get<double>() / 1e6, step,
                       full_step > 0 ? fmt_ratio(step / full_step) : "-",
                       vs_dense > 0 ? fmt_ratio(vs_dense) : "-", r["train_tokens_per_s"].get<double>(),
-                      100.0 * mfu, r["inference_tokens_per_s"].get<double>(), mem,
+                      100.0 * mfu, r["inference_tokens_per_s"].get<double>(), tensors,
+                      full_tensors > 0 ? fmt_ratio(tensors / full_tensors) : "-", mem,
                       full_mem > 0 ? fmt_ratio(mem / full_mem) : "-");
   }
   std::cout << md.str();
