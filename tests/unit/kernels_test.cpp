@@ -6,7 +6,9 @@
 #include <ATen/autocast_mode.h>
 
 #include "emoe/models/dropout.h"
+#include "emoe/models/activation.h"
 #include "emoe/models/linear.h"
+#include "emoe/moe/expert_ffn.h"
 #include "emoe/moe/segment_linear.h"
 #include "emoe/train/optim.h"
 #include "emoe/train/precision.h"
@@ -29,7 +31,104 @@ torch::Tensor kernels_reference(const torch::Tensor& x, const torch::Tensor& w, 
   return torch::cat(parts, 0);
 }
 
+// the dispatched experts by their definition: each routed row through its expert's weight blocks
+// with plain autograd operations, scaled by its weight and summed into its token's output
+torch::Tensor kernels_expert_reference(const torch::Tensor& x, const torch::Tensor& tokens,
+                                       const std::vector<int64_t>& counts, const torch::Tensor& weights,
+                                       const torch::Tensor& w_in, const torch::Tensor& b_in,
+                                       const torch::Tensor& w_up, const torch::Tensor& w_out,
+                                       emoe::Activation act) {
+  const int64_t e = static_cast<int64_t>(counts.size()), s = w_in.size(0) / e;
+  auto out = torch::zeros_like(x);
+  int64_t off = 0;
+  for (int64_t j = 0; j < e; ++j) {
+    auto idx = tokens.narrow(0, off, counts[j]);
+    auto xj = x.index_select(0, idx);
+    auto h = emoe::activate(torch::linear(xj, w_in.narrow(0, j * s, s),
+                                          b_in.defined() ? b_in.narrow(0, j * s, s) : torch::Tensor()),
+                            act);
+    if (w_up.defined()) h = h * torch::linear(xj, w_up.narrow(0, j * s, s));
+    auto y = torch::linear(h, w_out.narrow(1, j * s, s));
+    if (weights.defined()) y = y * weights.narrow(0, off, counts[j]).unsqueeze(1);
+    out = out.index_add(0, idx, y);
+    off += counts[j];
+  }
+  return out;
+}
+
 }  // namespace
+
+TEST(ExpertFfn, DispatchedMatchesTheDefinitionInValuesAndEveryGradient) {
+  torch::manual_seed(4);
+  const int64_t n = 9, d = 6, e = 4, s = 5;
+  const std::vector<int64_t> counts = {7, 0, 4, 6};  // expert 1 gets no rows; tokens repeat
+  auto tokens = torch::randint(0, n, {17}, torch::kLong);
+  for (auto act : {emoe::Activation::kGeluErf, emoe::Activation::kGeluTanh, emoe::Activation::kSilu,
+                   emoe::Activation::kRelu})
+    for (bool gated : {false, true})
+      for (bool weighted : {false, true})
+        for (bool bias : {false, true}) {
+          // experts gathered one group for all, one expert per group, or about two per group
+          const int64_t group_bytes = bias ? (weighted ? 1 : int64_t{16} << 20) : 10 * d * 8;
+          SCOPED_TRACE(emoe::activation_name(act) + (gated ? " gated" : "") + (weighted ? " weighted" : "") +
+                       (bias ? " bias" : "") + " group bytes " + std::to_string(group_bytes));
+          auto x = torch::randn({n, d}, torch::kDouble), go = torch::randn({n, d}, torch::kDouble);
+          auto w_in = torch::randn({e * s, d}, torch::kDouble), w_out = torch::randn({d, e * s}, torch::kDouble);
+          auto b_in = bias ? torch::randn({e * s}, torch::kDouble) : torch::Tensor();
+          auto w_up = gated ? torch::randn({e * s, d}, torch::kDouble) : torch::Tensor();
+          auto weights = weighted ? torch::rand({17}, torch::kDouble) : torch::Tensor();
+          auto run = [&](bool ours) {
+            auto leaf = [](const torch::Tensor& t) {
+              return t.defined() ? t.clone().requires_grad_(true) : torch::Tensor();
+            };
+            auto xx = leaf(x), wi = leaf(w_in), bi = leaf(b_in), wu = leaf(w_up), wo = leaf(w_out), ww = leaf(weights);
+            auto y = ours ? emoe::dispatched_expert_ffn(xx, tokens, counts, ww, wi, bi, wu, wo, act, group_bytes)
+                          : kernels_expert_reference(xx, tokens, counts, ww, wi, bi, wu, wo, act);
+            (y * go).sum().backward();
+            auto grad = [](const torch::Tensor& t) { return t.defined() ? t.grad() : torch::zeros({1}); };
+            return std::vector<torch::Tensor>{y.detach(), grad(xx), grad(wi), grad(bi), grad(wu), grad(wo), grad(ww)};
+          };
+          auto ours = run(true), ref = run(false);
+          for (size_t i = 0; i < ours.size(); ++i) {
+            ASSERT_TRUE(ours[i].defined()) << i;
+            EXPECT_LT(emoe::test::max_abs_diff(ours[i], ref[i]), 1e-10) << i;
+          }
+          // the row-less expert's weight blocks have zero gradients (not garbage)
+          EXPECT_EQ(ours[2].narrow(0, s, s).abs().max().item<double>(), 0.0);
+          EXPECT_EQ(ours[5].narrow(1, s, s).abs().max().item<double>(), 0.0);
+        }
+  // frozen weights (LoRA beside EMoE): only x gets a gradient, the same one
+  auto x = torch::randn({n, d}, torch::kDouble).requires_grad_(true);
+  auto w_in = torch::randn({e * s, d}, torch::kDouble), w_out = torch::randn({d, e * s}, torch::kDouble);
+  auto y = emoe::dispatched_expert_ffn(x, tokens, counts, {}, w_in, {}, {}, w_out, emoe::Activation::kGeluErf);
+  y.sum().backward();
+  auto x2 = x.detach().clone().requires_grad_(true);
+  kernels_expert_reference(x2, tokens, counts, {}, w_in, {}, {}, w_out, emoe::Activation::kGeluErf).sum().backward();
+  EXPECT_LT(emoe::test::max_abs_diff(x.grad(), x2.grad()), 1e-10);
+  EXPECT_THROW(emoe::dispatched_expert_ffn(x, tokens, {7, 4, 6}, {}, w_in, {}, {}, w_out, emoe::Activation::kRelu),
+               emoe::UsageError);
+}
+
+TEST(FrozenLinear, KeepsNoInputAndGivesTheSameInputGradient) {
+  torch::manual_seed(6);
+  for (bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed);
+    emoe::Linear lin(emoe::LinearOptions{5, 3, true, transposed});
+    for (auto& p : lin->parameters()) p.set_requires_grad(false);
+    auto x = torch::randn({4, 2, 5}, torch::requires_grad());
+    auto go = torch::randn({4, 2, 3});
+    auto y = lin(x);
+    (y * go).sum().backward();
+    auto x2 = x.detach().clone().requires_grad_(true);
+    auto y2 = torch::linear(x2, lin->weight_out_in(), lin->bias);
+    (y2 * go).sum().backward();
+    EXPECT_TRUE(torch::allclose(y, y2, 1e-6, 1e-6));
+    EXPECT_TRUE(torch::allclose(x.grad(), x2.grad(), 1e-6, 1e-6));
+    EXPECT_FALSE(lin->weight.grad().defined());
+    // the output comes from the function that keeps the frozen weight only, not the input
+    EXPECT_NE(y.grad_fn()->name().find("FrozenLinear"), std::string::npos) << y.grad_fn()->name();
+  }
+}
 
 TEST(SegmentLinear, MatchesPerExpertLinearInValuesAndGradients) {
   torch::manual_seed(3);
@@ -75,6 +174,19 @@ TEST(Dropout, KeepsOneMinusPScalesAndIsSeededByTheGenerator) {
   auto y = emoe::dropout(xg, 0.5, true);
   y.sum().backward();
   EXPECT_TRUE(torch::equal((xg.grad() != 0), (y != 0)));
+  // the backward pass recomputes the mask from the seed: an upstream gradient g comes back as
+  // g · 1/(1-p) exactly where the forward pass kept the element, 0 elsewhere
+  auto xs = torch::randn({37, 53}, torch::requires_grad());
+  auto g = torch::randn({37, 53});
+  auto ys = emoe::dropout(xs, 0.3, true);
+  (ys * g).sum().backward();
+  const float keep = static_cast<float>(1.0 / (1.0 - 0.3));
+  EXPECT_TRUE(torch::equal(xs.grad(), torch::where(ys != 0, g * keep, torch::zeros_like(g))));
+  // a strided input is dropped by its logical element order, like its contiguous copy
+  torch::manual_seed(3);
+  auto strided = emoe::dropout(xs.detach().t(), 0.3, true);
+  torch::manual_seed(3);
+  EXPECT_TRUE(torch::equal(strided, emoe::dropout(xs.detach().t().contiguous(), 0.3, true)));
   // evaluation / p = 0: the input itself
   EXPECT_TRUE(emoe::dropout(x, 0.1, false).is_same(x));
   EXPECT_TRUE(emoe::dropout(x, 0.0, true).is_same(x));

@@ -1,10 +1,12 @@
 // MoE FFN plugs: routing of real tokens, masked and dispatched expert computation, GMoE experts.
 #include "emoe/moe/routed_ffn.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "emoe/core/error.h"
 #include "emoe/models/dropout.h"
+#include "emoe/moe/expert_ffn.h"
 #include "emoe/moe/segment_linear.h"
 
 namespace emoe {
@@ -133,7 +135,19 @@ torch::Tensor ExpertFfnImpl::compute_dispatched(const torch::Tensor& x, const Ro
                       .index_add_(0, flat_e, torch::ones_like(flat_e))
                       .to(torch::kCPU);  // the one host sync: segment sizes
   std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + e);
-  // Rows gathered in expert order; each expert is one GEMM over its segment against its block
+  // One autograd function, expert by expert in small buffers (expert_ffn.h): no n·k x d copies
+  // of the inputs or outputs. It needs one dtype throughout and no pre-activation dropout.
+  const bool one_dtype = x.scalar_type() == v.w_in.scalar_type() && x.scalar_type() == v.w_out.scalar_type() &&
+                         (!v.w_up.defined() || x.scalar_type() == v.w_up.scalar_type());
+  const bool autocast = at::autocast::is_enabled() || at::autocast::is_cpu_enabled();
+  if (one_dtype && !autocast && !(cfg_.preact_dropout > 0 && is_training())) {
+    auto out = dispatched_expert_ffn(x, tokens, counts,
+                                     weights.defined() ? weights.squeeze(1) : torch::Tensor(), v.w_in,
+                                     v.b_in, v.w_up, v.w_out, v.act);
+    if (v.b_out.defined()) out = out + v.b_out;
+    return out;
+  }
+  // Otherwise rows gathered in expert order; each expert is one GEMM over its segment against its block
   // of the shared weights (segment_linear: no weight slices stacked or copied). The activation,
   // dropout and gating run once over all segments.
   auto xs = x.index_select(0, tokens);  // [M, d]
