@@ -8,6 +8,8 @@
 #include "emoe/models/dropout.h"
 #include "emoe/models/activation.h"
 #include "emoe/models/linear.h"
+#include "emoe/models/loader.h"
+#include "emoe/moe/convert.h"
 #include "emoe/moe/expert_ffn.h"
 #include "emoe/moe/segment_linear.h"
 #include "emoe/train/optim.h"
@@ -182,6 +184,16 @@ TEST(Dropout, KeepsOneMinusPScalesAndIsSeededByTheGenerator) {
   (ys * g).sum().backward();
   const float keep = static_cast<float>(1.0 / (1.0 - 0.3));
   EXPECT_TRUE(torch::equal(xs.grad(), torch::where(ys != 0, g * keep, torch::zeros_like(g))));
+  // bfloat16 (autocast's dtype) the same way, scaled in float and rounded once
+  auto xb = torch::randn({41, 29}).to(torch::kBFloat16).requires_grad_(true);
+  auto gb = torch::randn({41, 29}).to(torch::kBFloat16);
+  auto yb = emoe::dropout(xb, 0.3, true);
+  ASSERT_EQ(yb.scalar_type(), torch::kBFloat16);
+  (yb * gb).sum().backward();
+  auto scaled = [&](const torch::Tensor& t) { return (t.to(torch::kFloat) * keep).to(torch::kBFloat16); };
+  EXPECT_TRUE(torch::equal(yb, torch::where(yb != 0, scaled(xb.detach()), torch::zeros_like(yb))));
+  EXPECT_TRUE(torch::equal(xb.grad(), torch::where(yb != 0, scaled(gb), torch::zeros_like(gb))));
+  EXPECT_NEAR((yb != 0).to(torch::kDouble).mean().item<double>(), 0.7, 0.05);
   // a strided input is dropped by its logical element order, like its contiguous copy
   torch::manual_seed(3);
   auto strided = emoe::dropout(xs.detach().t(), 0.3, true);
@@ -260,4 +272,44 @@ TEST(Precision, ScopeEnablesAutocastOnlyWhileAliveAndParses) {
     emoe::PrecisionScope s(emoe::Precision::kFp32, torch::kCPU);
     EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat);
   }
+}
+
+// Under bf16 autocast the dispatched experts compute in bfloat16 inside one function (inputs and
+// weights cast once) and sum each token's experts in float32: the same numbers as the masked
+// path under the same autocast, within bfloat16's precision, in outputs and input gradients.
+TEST(ExpertFfn, DispatchedUnderAutocastMatchesMasked) {
+  nlohmann::json cfg = {{"model_type", "bert"}, {"hidden_size", 32}, {"intermediate_size", 64},
+                        {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"vocab_size", 20},
+                        {"max_position_embeddings", 16}};
+  torch::manual_seed(8);
+  auto model = emoe::create_model(emoe::JsonFields(cfg, "test"), emoe::Head::kBase);
+  auto c = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
+  c.experts = 8;
+  c.topk = 2;
+  c.layers = {0};
+  c.split = "random";
+  emoe::convert_to_moe(*model, c);
+  auto* slot = model->ffn_slots()[0];
+  auto* plug = emoe::moe_plugs(*model)[0];
+  auto x0 = torch::randn({40, 32});
+  auto run = [&](emoe::Execution execution, emoe::Precision precision) {
+    plug->mutable_config().execution = execution;
+    auto x = x0.clone().requires_grad_(true);
+    torch::Tensor y;
+    {
+      emoe::PrecisionScope scope(precision, torch::kCPU);
+      y = slot->run_ffn(x, {});
+    }
+    y.to(torch::kFloat).pow(2).sum().backward();
+    return std::make_pair(y.detach().to(torch::kFloat), x.grad());
+  };
+  auto [y_masked, g_masked] = run(emoe::Execution::kMasked, emoe::Precision::kBf16Mixed);
+  auto [y_disp, g_disp] = run(emoe::Execution::kDispatched, emoe::Precision::kBf16Mixed);
+  auto [y_fp32, g_fp32] = run(emoe::Execution::kDispatched, emoe::Precision::kFp32);
+  EXPECT_EQ(g_disp.scalar_type(), torch::kFloat);
+  const double scale = y_fp32.abs().max().item<double>(), gscale = g_fp32.abs().max().item<double>();
+  EXPECT_LT(emoe::test::max_abs_diff(y_disp, y_masked), 0.03 * scale);
+  EXPECT_LT(emoe::test::max_abs_diff(g_disp, g_masked), 0.03 * gscale);
+  EXPECT_LT(emoe::test::max_abs_diff(y_disp, y_fp32), 0.03 * scale);
+  EXPECT_GT(emoe::test::max_abs_diff(y_disp, y_fp32), 0.0);  // it did compute in bfloat16
 }

@@ -76,7 +76,8 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w_in,
                             const at::Tensor& b_in_e, const at::Tensor& w_up_e, const at::Tensor& w_out,
                             const at::Tensor& weights_e, const at::Tensor& tokens,
-                            std::vector<int64_t> counts, int64_t act_code, int64_t group_bytes) {
+                            std::vector<int64_t> counts, int64_t act_code, int64_t group_bytes,
+                            int64_t acc_code) {
     const auto act = static_cast<Activation>(act_code);
     const at::Tensor b_in = opt(b_in_e), w_up = opt(w_up_e), weights = opt(weights_e);
     const int64_t n = x_in.size(0), d = x_in.size(1), e = static_cast<int64_t>(counts.size());
@@ -110,8 +111,10 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     activation_out(h, pre, act);
     if (up.defined()) h.mul_(up);
     if (weights.defined()) h.mul_(weights.unsqueeze(1));
-    // pass 2: each expert's rows times its block of w_out, added into their tokens' outputs
-    auto out = torch::zeros({n, d}, x.options());
+    // pass 2: each expert's rows times its block of w_out, added into their tokens' outputs (in
+    // the accumulation dtype: float32 when the experts compute in bfloat16)
+    const auto acc = static_cast<c10::ScalarType>(acc_code);
+    auto out = torch::zeros({n, d}, x.options().dtype(acc));
     for (const auto& grp : groups) {
       if (grp.rows == 0) continue;
       auto yg = buf.narrow(0, 0, grp.rows);
@@ -121,7 +124,7 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
         auto yj = yg.narrow(0, off, c);
         at::mm_out(yj, h.narrow(0, grp.row + off, c), w_out.narrow(1, j * s, s).t());
       }
-      out.index_add_(0, tokens.narrow(0, grp.row, grp.rows), yg);
+      out.index_add_(0, tokens.narrow(0, grp.row, grp.rows), yg.scalar_type() == acc ? yg : yg.to(acc));
     }
     ctx->save_for_backward({x, w_in, w_up_e, w_out, weights_e, tokens, pre,
                             up.defined() ? up : torch::empty({0}, x.options())});
@@ -129,6 +132,7 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     ctx->saved_data["act"] = act_code;
     ctx->saved_data["has_b_in"] = b_in.defined();
     ctx->saved_data["group_bytes"] = group_bytes;
+    ctx->saved_data["acc"] = acc_code;
     return out;
   }
 
@@ -152,9 +156,10 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     const bool need_weights = weights.defined() && ctx->needs_input_grad(5);
     const int64_t d = x.size(1), e = static_cast<int64_t>(counts.size()), s = w_in.size(0) / e;
     const int64_t rows = pre.size(0);
-    auto g = grads[0].contiguous();
     auto o = x.options();
-    at::Tensor gx = need_x ? torch::zeros_like(x) : at::Tensor();
+    const auto acc = static_cast<c10::ScalarType>(ctx->saved_data["acc"].toInt());
+    auto g = grads[0].to(x.scalar_type()).contiguous();
+    at::Tensor gx = need_x ? torch::zeros(x.sizes(), o.dtype(acc)) : at::Tensor();
     at::Tensor g_w_in = need_w_in ? torch::empty(w_in.sizes(), o) : at::Tensor();
     at::Tensor g_w_up = need_w_up ? torch::empty(w_up.sizes(), o) : at::Tensor();
     at::Tensor g_w_out = need_w_out ? torch::empty(w_out.sizes(), o) : at::Tensor();
@@ -234,9 +239,11 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
           if (up.defined()) xj.addmm_(g_up.narrow(0, grp.row + off, c), w_up.narrow(0, j * s, s));
         }
       }
-      if (need_x) gx.index_add_(0, idx, xg);
+      if (need_x) gx.index_add_(0, idx, xg.scalar_type() == acc ? xg : xg.to(acc));
     }
-    return {gx, g_w_in, g_b_in, g_w_up, g_w_out, g_weights, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (gx.defined() && gx.scalar_type() != x.scalar_type()) gx = gx.to(x.scalar_type());
+    return {gx,          g_w_in,       g_b_in,       g_w_up,       g_w_out,
+            g_weights,   at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -246,7 +253,7 @@ at::Tensor dispatched_expert_ffn(const at::Tensor& x, const at::Tensor& tokens,
                                  const std::vector<int64_t>& counts, const at::Tensor& weights,
                                  const at::Tensor& w_in, const at::Tensor& b_in,
                                  const at::Tensor& w_up, const at::Tensor& w_out, Activation act,
-                                 int64_t group_bytes) {
+                                 int64_t group_bytes, c10::optional<at::ScalarType> accumulate) {
   EMOE_CHECK(x.dim() == 2 && w_in.dim() == 2 && w_out.dim() == 2, UsageError,
              "dispatched_expert_ffn: expected 2-d x, w_in and w_out");
   EMOE_CHECK(!counts.empty() && w_in.size(0) % static_cast<int64_t>(counts.size()) == 0 &&
@@ -258,11 +265,12 @@ at::Tensor dispatched_expert_ffn(const at::Tensor& x, const at::Tensor& tokens,
   EMOE_CHECK(rows == tokens.size(0) && (!weights.defined() || weights.numel() == rows), UsageError,
              "dispatched_expert_ffn: segments cover {} rows, tokens has {}", rows, tokens.size(0));
   auto empty = torch::empty({0}, x.options());
-  if (rows == 0) return torch::zeros_like(x);
+  if (rows == 0) return torch::zeros(x.sizes(), x.options().dtype(accumulate.value_or(x.scalar_type())));
   return DispatchedExpertFfnFn::apply(x, w_in, b_in.defined() ? b_in : empty,
                                       w_up.defined() ? w_up : empty, w_out,
                                       weights.defined() ? weights.reshape({-1}) : empty, tokens,
-                                      counts, static_cast<int64_t>(act), group_bytes);
+                                      counts, static_cast<int64_t>(act), group_bytes,
+                                      static_cast<int64_t>(accumulate.value_or(x.scalar_type())));
 }
 
 }  // namespace emoe

@@ -6,6 +6,7 @@
 // regathers its rows the same way.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
 
 #include <vector>
 
@@ -18,12 +19,15 @@ namespace emoe {
 // where the rows are grouped by expert (`counts[j]` rows for expert j, in order), W_in,j is rows
 // j·s..(j+1)·s of w_in [N·s, d] (and of w_up, b_in), W_out,j columns j·s..(j+1)·s of
 // w_out [d, N·s]; b_in, w_up and weights may be undefined (no bias, not gated, unit weights).
-// Differentiable in x, w_in, b_in, w_up, w_out and weights. All tensors in one dtype; no
-// autocast (the caller falls back to composed operations then).
+// Differentiable in x, w_in, b_in, w_up, w_out and weights. All tensors in one dtype, the
+// compute dtype; no autocast inside (the caller casts). `accumulate` (default: that dtype) is
+// the output's dtype, in which the experts' contributions to a token are summed — float32 for
+// bfloat16 experts, as autocast's composed path does.
 at::Tensor dispatched_expert_ffn(const at::Tensor& x, const at::Tensor& tokens,
                                  const std::vector<int64_t>& counts, const at::Tensor& weights,
                                  const at::Tensor& w_in, const at::Tensor& b_in,
                                  const at::Tensor& w_up, const at::Tensor& w_out, Activation act,
-                                 int64_t group_bytes = int64_t{16} << 20);
+                                 int64_t group_bytes = int64_t{16} << 20,
+                                 c10::optional<at::ScalarType> accumulate = c10::nullopt);
 
 }  // namespace emoe
