@@ -52,6 +52,13 @@ inline double gemm_gflops(int64_t m, int64_t k, int64_t n, c10::ScalarType dtype
   return best;
 }
 
+// Minor page faults of this process so far (each one a page of fresh memory touched).
+inline int64_t minor_page_faults() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_minflt);
+}
+
 // The largest resident set of this process so far, in MiB (Linux reports KiB).
 inline double peak_rss_mib() {
   struct rusage ru {};

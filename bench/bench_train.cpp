@@ -4,10 +4,11 @@
 // batch 8 x 256, causal LM) — with model-FLOP utilisation against the GEMM peak measured in the
 // same run, and the peak memory of each method (each measured in a fresh process).
 //
-// Usage: bench_train [--models bert-base,llama-style] [--methods full,lora,...] [--steps N]
+// Usage: bench_train [--models bert-base,llama-style] [--methods full,lora,...] [--steps N] [--warmup W]
 //                    [--precision fp32|bf16|both] [--batch B --seq T] [--layers L]
 //                    [--device cpu|cuda] [--json FILE] [--markdown FILE]
 //   --batch/--seq/--layers shrink the shapes (for a quick check); the defaults are the issue's.
+//   --warmup W untimed steps come first (default 3); the JSON lists every step's time.
 //   bench_train --single MODEL METHOD PRECISION [--profile trace.json]: one measurement in this
 //   process; --profile also writes one step's autograd profile (scripts/profile_summary.py).
 #include <iostream>
@@ -37,7 +38,7 @@ struct Args {
   std::string precision = "fp32";
   std::string device = "cpu";
   std::string json_out, markdown_out, single_model, single_method, single_precision, profile;
-  int64_t steps = 3, batch = 0, seq = 0, layers = 0;
+  int64_t steps = 3, warmup = 3, batch = 0, seq = 0, layers = 0;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -161,9 +162,25 @@ void measure_one(const Args& a) {
     }
     std::cerr << "profile of one training step written to " << a.profile << "\n";
   }
+  // warm-up steps, untimed in the average but reported: the first step allocates the optimizer
+  // state, and the next one or two still page-fault memory the heap has not yet handed out
+  std::vector<double> step_times;
+  std::vector<int64_t> step_faults;  // minor page faults (fresh memory touched) per step
+  auto timed_step = [&] {
+    const int64_t f0 = emoe::bench::minor_page_faults();
+    auto t0 = std::chrono::steady_clock::now();
+    train_step();
+    step_times.push_back(seconds_since(t0));
+    step_faults.push_back(emoe::bench::minor_page_faults() - f0);
+  };
+  for (int64_t i = 0; i < a.warmup; ++i) timed_step();
   const double gemm_before = emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 0.6);
   tensor_memory.reset_peak(dev);
-  const double train_s = emoe::bench::time_per_call(train_step, static_cast<int>(a.steps), 0.0);
+  double train_s = 0;
+  for (int64_t i = 0; i < a.steps; ++i) {
+    timed_step();
+    train_s += step_times.back() / static_cast<double>(a.steps);
+  }
   const double train_peak = emoe::bench::peak_rss_mib();
   const double train_peak_tensors = tensor_memory.peak_mib(dev);
   // MoE methods: the same model with every plug computing its dense FFN, alternated step by
@@ -208,6 +225,9 @@ void measure_one(const Args& a) {
                       {"forward_flops_per_token", 2.0 * flops.forward_total},
                       {"setup_s", setup_s},
                       {"train_step_s", train_s},
+                      {"warmup_steps", a.warmup},
+                      {"step_times_s", step_times},
+                      {"step_page_faults", step_faults},
                       {"train_tokens_per_s", tokens / train_s},
                       {"inference_s", infer_s},
                       {"inference_tokens_per_s", tokens / infer_s},
@@ -223,8 +243,9 @@ void measure_one(const Args& a) {
 nlohmann::json run_child(const Args& a, const std::string& model, const std::string& method,
                          const std::string& precision) {
   std::string cmd = fmt::format(
-      "{} --single {} {} {} --steps {} --batch {} --seq {} --layers {} --device {}",
-      emoe::shell_quote(emoe::self_executable()), model, method, precision, a.steps, a.batch, a.seq, a.layers, a.device);
+      "{} --single {} {} {} --steps {} --warmup {} --batch {} --seq {} --layers {} --device {}",
+      emoe::shell_quote(emoe::self_executable()), model, method, precision, a.steps, a.warmup, a.batch, a.seq,
+      a.layers, a.device);
   return emoe::run_and_read_json_line(cmd, "BENCH ", fmt::format("bench_train: measuring {} {} {}", model, method, precision));
 }
 
@@ -312,6 +333,7 @@ int main(int argc, char** argv) {
       else if (k == "--json") a.json_out = next();
       else if (k == "--markdown") a.markdown_out = next();
       else if (k == "--steps") a.steps = std::stoll(next());
+      else if (k == "--warmup") a.warmup = std::stoll(next());
       else if (k == "--batch") a.batch = std::stoll(next());
       else if (k == "--seq") a.seq = std::stoll(next());
       else if (k == "--layers") a.layers = std::stoll(next());
@@ -324,6 +346,7 @@ int main(int argc, char** argv) {
         EMOE_THROW(UsageError, "unknown argument '{}'", k);
       }
     }
+    EMOE_CHECK(a.steps >= 1 && a.warmup >= 0, UsageError, "--steps must be at least 1 and --warmup at least 0");
     EMOE_CHECK(a.precision == "fp32" || a.precision == "bf16" || a.precision == "both", UsageError,
                "--precision: expected fp32, bf16 or both, got '{}'", a.precision);
     if (!a.single_model.empty()) {

@@ -14,6 +14,8 @@
 #include "emoe/moe/segment_linear.h"
 #include "emoe/train/optim.h"
 #include "emoe/train/precision.h"
+#include "emoe/core/runtime.h"
+#include <c10/core/CPUAllocator.h>
 #include "support/test_support.h"
 
 namespace {
@@ -312,4 +314,30 @@ TEST(ExpertFfn, DispatchedUnderAutocastMatchesMasked) {
   EXPECT_LT(emoe::test::max_abs_diff(g_disp, g_masked), 0.03 * gscale);
   EXPECT_LT(emoe::test::max_abs_diff(y_disp, y_fp32), 0.03 * scale);
   EXPECT_GT(emoe::test::max_abs_diff(y_disp, y_fp32), 0.0);  // it did compute in bfloat16
+}
+
+// The CPU allocator that tune_allocator installs: 64-byte aligned blocks from malloc, and a freed
+// large block handed out again for the next request of its size (c10's posix_memalign blocks were
+// not reused by glibc 2.36, so every large tensor was fresh, page-faulting memory).
+TEST(CpuAllocator, AlignedAndReusesAFreedLargeBlock) {
+  emoe::tune_allocator();
+  c10::Allocator* alloc = c10::GetCPUAllocator();
+  for (size_t n : {size_t{1}, size_t{63}, size_t{4096}, size_t{25} << 20}) {
+    void* p = alloc->raw_allocate(n);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u) << n;
+    static_cast<char*>(p)[0] = 1;
+    static_cast<char*>(p)[n - 1] = 2;
+    alloc->raw_deallocate(p);
+  }
+  EXPECT_EQ(alloc->allocate(0).get(), nullptr);
+  const void* first = nullptr;
+  {
+    auto t = torch::empty({25 << 20}, torch::kUInt8);
+    first = t.data_ptr();
+    t.fill_(7);
+  }
+  auto again = torch::empty({25 << 20}, torch::kUInt8);
+  EXPECT_EQ(again.data_ptr(), first);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(again.data_ptr()) % 64, 0u);
 }
