@@ -11,6 +11,8 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
+
+#include "emoe/models/matmul.h"
 #ifdef EMOE_BENCH_HAS_CUDA_STATS  // defined by bench/CMakeLists.txt when libtorch has c10_cuda
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
@@ -35,9 +37,10 @@ inline double time_per_call(const std::function<void()>& f, int min_reps, double
 }
 
 // GFLOP/s of C = A B with A [m, k], B [k, n] in `dtype` on `device` (2 m n k FLOPs per call),
-// the best of a few timed rounds.
+// the best of a few timed rounds. via_emoe: through emoe::gemm_out, the toolkit's own product
+// (oneDNN for float32 on AVX-512 CPUs), else through ATen's mm (OpenBLAS on CPU).
 inline double gemm_gflops(int64_t m, int64_t k, int64_t n, c10::ScalarType dtype,
-                          const c10::Device& device, double min_seconds = 1.0) {
+                          const c10::Device& device, double min_seconds = 1.0, bool via_emoe = false) {
   auto opts = torch::TensorOptions().dtype(dtype).device(device);
   auto a = torch::randn({m, k}, opts), b = torch::randn({k, n}, opts);
   auto c = torch::empty({m, n}, opts);
@@ -46,7 +49,15 @@ inline double gemm_gflops(int64_t m, int64_t k, int64_t n, c10::ScalarType dtype
   };
   double best = 0;
   for (int round = 0; round < 3; ++round) {
-    double s = time_per_call([&] { torch::mm_out(c, a, b); sync(); }, 2, min_seconds / 3);
+    double s = time_per_call(
+        [&] {
+          if (via_emoe)
+            emoe::gemm_out(c, a, b);
+          else
+            torch::mm_out(c, a, b);
+          sync();
+        },
+        2, min_seconds / 3);
     best = std::max(best, 2.0 * static_cast<double>(m * n * k) / s / 1e9);
   }
   return best;

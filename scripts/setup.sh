@@ -8,6 +8,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libtorch-dev libgloo-dev              # libtorch 1.13 (CPU) and the headers its c10d needs
   libopenblas0-pthread libopenblas-dev  # fast BLAS for libtorch (else reference BLAS, ~25x slower)
+  libdnnl-dev                           # oneDNN (libtorch's own engine): AVX-512 float32 GEMMs
   nlohmann-json3-dev                    # JSON: config.json, safetensors headers, run records
   libyaml-cpp-dev                       # YAML run configs
   libcli11-dev                          # command line

@@ -15,6 +15,7 @@
 #include "emoe/train/optim.h"
 #include "emoe/train/precision.h"
 #include "emoe/core/runtime.h"
+#include "emoe/models/matmul.h"
 #include <c10/core/CPUAllocator.h>
 #include "support/test_support.h"
 
@@ -129,8 +130,10 @@ TEST(FrozenLinear, KeepsNoInputAndGivesTheSameInputGradient) {
     EXPECT_TRUE(torch::allclose(y, y2, 1e-6, 1e-6));
     EXPECT_TRUE(torch::allclose(x.grad(), x2.grad(), 1e-6, 1e-6));
     EXPECT_FALSE(lin->weight.grad().defined());
-    // the output comes from the function that keeps the frozen weight only, not the input
-    EXPECT_NE(y.grad_fn()->name().find("FrozenLinear"), std::string::npos) << y.grad_fn()->name();
+    // the output comes from a function that keeps the frozen weight only, not the input:
+    // FrozenLinearFn, or emoe::linear's LinearFn where float32 products go through oneDNN
+    const std::string fn = emoe::onednn_matmul_enabled(x) ? "LinearFn" : "FrozenLinear";
+    EXPECT_NE(y.grad_fn()->name().find(fn), std::string::npos) << y.grad_fn()->name();
   }
 }
 
@@ -340,4 +343,58 @@ TEST(CpuAllocator, AlignedAndReusesAFreedLargeBlock) {
   auto again = torch::empty({25 << 20}, torch::kUInt8);
   EXPECT_EQ(again.data_ptr(), first);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(again.data_ptr()) % 64, 0u);
+}
+
+// emoe::linear / emoe::matmul / emoe::gemm_out (oneDNN for float32 on AVX-512 CPUs) against
+// ATen's products: values and every gradient, in the layouts the models use (a transposed weight
+// view, attention's head-split strides, a frozen weight, a frozen input).
+TEST(Matmul, OneDnnProductsMatchAtenInValuesAndGradients) {
+  torch::manual_seed(3);
+  if (!emoe::onednn_matmul_enabled(torch::zeros({1}))) GTEST_SKIP() << "float32 products use ATen here: " << emoe::matmul_backend_name();
+  const int64_t before = emoe::onednn_product_count();
+  auto close = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return emoe::test::max_abs_diff(a, b) <= 1e-4 * (1.0 + b.abs().max().item<double>());
+  };
+  for (bool transposed : {false, true})
+    for (bool with_bias : {false, true})
+      for (int frozen = 0; frozen < 3; ++frozen) {  // 0: all train, 1: weight frozen, 2: input frozen
+        SCOPED_TRACE(fmt::format("transposed {} bias {} frozen {}", transposed, with_bias, frozen));
+        auto x = torch::randn({3, 5, 24}).requires_grad_(frozen != 2);
+        auto param = (transposed ? torch::randn({24, 40}) : torch::randn({40, 24})).requires_grad_(frozen != 1);
+        auto b = with_bias ? torch::randn({40}).requires_grad_(frozen != 1) : torch::Tensor();
+        auto w = transposed ? param.t() : param;
+        auto y = emoe::linear(x, w, b);
+        auto y_ref = torch::linear(x, w, b);
+        ASSERT_TRUE(close(y, y_ref));
+        auto g = torch::randn_like(y);
+        std::vector<torch::Tensor> inputs;
+        if (x.requires_grad()) inputs.push_back(x);
+        if (param.requires_grad()) inputs.push_back(param);
+        if (b.defined() && b.requires_grad()) inputs.push_back(b);
+        auto grads = torch::autograd::grad({y}, inputs, {g});
+        auto grads_ref = torch::autograd::grad({y_ref}, inputs, {g});
+        for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(close(grads[i], grads_ref[i])) << i;
+        if (param.requires_grad()) EXPECT_TRUE(grads[x.requires_grad() ? 1 : 0].is_contiguous());  // the param's layout
+      }
+  // attention: q, k, v as split_heads leaves them ([B, T, H, D] viewed as [B, H, T, D])
+  auto q = torch::randn({2, 7, 3, 8}).transpose(1, 2).requires_grad_(false);
+  auto qs = (q * 0.5).requires_grad_(true), k = torch::randn({2, 7, 3, 8}).transpose(1, 2);
+  auto kt = k.detach().requires_grad_(true);
+  auto s = emoe::matmul(qs, kt.transpose(-2, -1));
+  auto s_ref = torch::matmul(qs, kt.transpose(-2, -1));
+  ASSERT_TRUE(close(s, s_ref));
+  auto gs = torch::randn_like(s);
+  auto ga = torch::autograd::grad({s}, {qs, kt}, {gs});
+  auto ga_ref = torch::autograd::grad({s_ref}, {qs, kt}, {gs});
+  EXPECT_TRUE(close(ga[0], ga_ref[0]));
+  EXPECT_TRUE(close(ga[1], ga_ref[1]));
+  // accumulate, and an empty inner dimension
+  auto a = torch::randn({6, 9}), bb = torch::randn({9, 4}), out = torch::randn({6, 4});
+  auto expect = out + a.mm(bb);
+  emoe::gemm_out(out, a, bb, torch::Tensor(), /*accumulate=*/true);
+  EXPECT_TRUE(close(out, expect));
+  auto bias = torch::randn({4});
+  emoe::gemm_out(out, torch::zeros({6, 0}), torch::zeros({0, 4}), bias);
+  EXPECT_TRUE(close(out, bias.expand({6, 4})));
+  EXPECT_GT(emoe::onednn_product_count(), before + 20);  // they did go through oneDNN
 }

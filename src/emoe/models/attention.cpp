@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "emoe/models/dropout.h"
+#include "emoe/models/matmul.h"
 
 namespace emoe {
 
@@ -58,13 +59,13 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::
   }
   // the scale goes on q ([T, d], smaller than the [T, S] scores), and the mask is filled in place:
   // two passes over the scores and their temporaries fewer (matmul's backward needs its inputs only)
-  auto scores = torch::matmul(scale != 1.0 ? q * scale : q, kk.transpose(-2, -1));
+  auto scores = emoe::matmul(scale != 1.0 ? q * scale : q, kk.transpose(-2, -1));
   if (block_mask.defined()) scores.masked_fill_(block_mask, lowest_value(scores.scalar_type()));
   auto acc = q.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
   auto p = torch::softmax(scores, -1, acc).to(q.scalar_type());
   if (probs) *probs = p;
   if (training && dropout_p > 0) p = emoe::dropout(p, dropout_p, true);
-  return torch::matmul(p, vv);
+  return emoe::matmul(p, vv);
 }
 
 at::Tensor split_heads(const at::Tensor& x, int64_t heads) {

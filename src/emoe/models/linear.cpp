@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include "emoe/models/matmul.h"
+
 namespace emoe {
 
 namespace {
@@ -51,6 +53,8 @@ void LinearImpl::reset_parameters(double std) {
 }
 
 torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) {
+  // float32 on an AVX-512 CPU: oneDNN's kernels, keeping only what the gradients need
+  if (onednn_matmul_enabled(x)) return emoe::linear(x, weight_out_in(), bias);
   if (frozen_with_input_grad(x, weight, bias))
     return FrozenLinearFn::apply(x, weight_out_in(),
                                  bias.defined() ? bias : torch::empty({0}, weight.options()));
@@ -86,7 +90,7 @@ std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers, 
     if (l->bias.defined()) biases.push_back(l->bias);
     sizes.push_back(l->options().out);
   }
-  auto y = torch::linear(x, torch::cat(weights, 0), biases.empty() ? torch::Tensor() : torch::cat(biases, 0));
+  auto y = emoe::linear(x, torch::cat(weights, 0), biases.empty() ? torch::Tensor() : torch::cat(biases, 0));
   return y.split_with_sizes(sizes, -1);
 }
 

@@ -1,0 +1,284 @@
+// oneDNN matrix products with autograd (see matmul.h for why).
+#include "emoe/models/matmul.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#ifdef EMOE_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace emoe {
+
+namespace {
+
+std::atomic<int64_t> onednn_products{0};
+
+#ifdef EMOE_HAVE_ONEDNN
+bool onednn_isa_ok() {
+  static const bool ok = [] {
+    const char* env = std::getenv("EMOE_GEMM");
+    if (env != nullptr && std::string(env) == "aten") return false;
+    try {
+      const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+      const auto avx512_core = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+      return (isa & avx512_core) == avx512_core;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+dnnl::memory::desc matrix_desc(const at::Tensor& t) {
+  return dnnl::memory::desc(dnnl::memory::dims(t.sizes().begin(), t.sizes().end()),
+                            dnnl::memory::data_type::f32,
+                            dnnl::memory::dims(t.strides().begin(), t.strides().end()));
+}
+
+// Primitives by shape, strides and options (creating one JIT-compiles its kernels).
+struct PrimitiveCache {
+  std::mutex mutex;
+  std::unordered_map<std::string, dnnl::matmul> map;
+};
+
+PrimitiveCache& primitive_cache() {
+  static PrimitiveCache cache;
+  return cache;
+}
+
+void append_key(std::string& key, at::IntArrayRef v) {
+  for (auto x : v) {
+    key += std::to_string(x);
+    key += ',';
+  }
+  key += ';';
+}
+
+// Runs out = a @ b (+ bias | + out) through oneDNN; false when oneDNN has no kernel for these
+// strides (the caller then falls back).
+bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
+                   bool accumulate) {
+  std::string key;
+  key.reserve(160);
+  append_key(key, a.sizes());
+  append_key(key, a.strides());
+  append_key(key, b.sizes());
+  append_key(key, b.strides());
+  append_key(key, out.strides());
+  key += bias.defined() ? 'b' : '-';
+  key += accumulate ? 'a' : '-';
+  auto& cache = primitive_cache();
+  dnnl::matmul prim;
+  {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    auto it = cache.map.find(key);
+    if (it != cache.map.end()) prim = it->second;
+  }
+  dnnl::memory::desc bias_md;
+  if (bias.defined()) {
+    dnnl::memory::dims bd(static_cast<size_t>(out.dim()), 1);
+    bd.back() = out.size(-1);
+    dnnl::memory::dims bs(bd.size(), 0);
+    for (size_t i = 0; i < bs.size(); ++i) bs[i] = i + 1 == bs.size() ? 1 : out.size(-1);
+    bias_md = dnnl::memory::desc(bd, dnnl::memory::data_type::f32, bs);
+  }
+  if (!prim) {
+    try {
+      dnnl::primitive_attr attr;
+      if (accumulate) {
+        dnnl::post_ops ops;
+        ops.append_sum(1.0f);
+        attr.set_post_ops(ops);
+      }
+      auto desc = bias.defined()
+                      ? dnnl::matmul::desc(matrix_desc(a), matrix_desc(b), bias_md, matrix_desc(out))
+                      : dnnl::matmul::desc(matrix_desc(a), matrix_desc(b), matrix_desc(out));
+      prim = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
+    } catch (const dnnl::error&) {
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    if (cache.map.size() >= 4096) cache.map.clear();  // shapes that keep changing: start over
+    cache.map.emplace(key, prim);
+  }
+  thread_local dnnl::stream stream(cpu_engine());
+  std::unordered_map<int, dnnl::memory> args = {
+      {DNNL_ARG_SRC, dnnl::memory(matrix_desc(a), cpu_engine(), a.data_ptr())},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(matrix_desc(b), cpu_engine(), b.data_ptr())},
+      {DNNL_ARG_DST, dnnl::memory(matrix_desc(out), cpu_engine(), out.data_ptr())}};
+  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_md, cpu_engine(), bias.data_ptr()));
+  prim.execute(stream, args);
+  stream.wait();
+  onednn_products.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+#endif
+
+// Each matrix of t is row- or column-major (what BLAS and oneDNN take without a copy).
+bool plain_matrices(const at::Tensor& t) {
+  const auto n = t.dim();
+  return t.stride(n - 1) == 1 || t.stride(n - 2) == 1 || t.size(n - 1) == 1 || t.size(n - 2) == 1;
+}
+
+void fallback_gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
+                         bool accumulate) {
+  auto r = at::matmul(a, b);
+  if (bias.defined()) r.add_(bias);
+  if (accumulate)
+    out.add_(r);
+  else
+    out.copy_(r);
+}
+
+class LinearFn : public torch::autograd::Function<LinearFn> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias_or_empty) {
+    const int64_t in = weight.size(1), out_features = weight.size(0);
+    auto x2 = x.reshape({-1, in});
+    const at::Tensor bias = bias_or_empty.numel() > 0 ? bias_or_empty : at::Tensor();
+    auto y = at::empty({x2.size(0), out_features}, x.options());
+    gemm_out(y, x2, weight.t(), bias);
+    // x is needed for the weight's gradient, the weight for x's
+    ctx->save_for_backward({weight.requires_grad() ? x2 : at::Tensor(), x.requires_grad() ? weight : at::Tensor()});
+    ctx->saved_data["shape"] = x.sizes().vec();
+    ctx->saved_data["bias"] = bias.defined();
+    ctx->saved_data["w_column_major"] = weight.stride(0) == 1 && weight.size(0) > 1;
+    auto shape = x.sizes().vec();
+    shape.back() = out_features;
+    return y.view(shape);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto& x2 = saved[0];
+    const auto& weight = saved[1];
+    const auto g2 = grads[0].reshape({-1, grads[0].size(-1)});
+    at::Tensor gx, gw, gb;
+    if (ctx->needs_input_grad(0)) {
+      gx = at::empty({g2.size(0), weight.size(1)}, g2.options());
+      gemm_out(gx, g2, weight);
+      gx = gx.view(ctx->saved_data["shape"].toIntVector());
+    }
+    if (ctx->needs_input_grad(1)) {
+      // in the parameter's own layout (a transposed view stays transposed), so that autograd
+      // keeps it as the gradient without a copy
+      const int64_t out_features = g2.size(1), in = x2.size(1);
+      gw = ctx->saved_data["w_column_major"].toBool() ? at::empty({in, out_features}, g2.options()).t()
+                                                      : at::empty({out_features, in}, g2.options());
+      gemm_out(gw, g2.t(), x2);
+    }
+    if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) gb = g2.sum(0);
+    return {gx, gw, gb};
+  }
+};
+
+class MatmulFn : public torch::autograd::Function<MatmulFn> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& a,
+                               const torch::Tensor& b) {
+    auto shape = a.sizes().vec();
+    shape.back() = b.size(-1);
+    auto out = at::empty(shape, a.options());
+    gemm_out(out, a, b);
+    ctx->save_for_backward({b.requires_grad() ? a : at::Tensor(), a.requires_grad() ? b : at::Tensor()});
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto& a = saved[0];
+    const auto& b = saved[1];
+    const auto& g = grads[0];
+    at::Tensor ga, gb;
+    if (ctx->needs_input_grad(0)) {
+      auto shape = g.sizes().vec();
+      shape.back() = b.size(-2);
+      ga = at::empty(shape, g.options());
+      gemm_out(ga, g, b.transpose(-2, -1));
+    }
+    if (ctx->needs_input_grad(1)) {
+      auto shape = a.sizes().vec();
+      shape[shape.size() - 2] = a.size(-1);
+      shape.back() = g.size(-1);
+      gb = at::empty(shape, g.options());
+      gemm_out(gb, a.transpose(-2, -1), g);
+    }
+    return {ga, gb};
+  }
+};
+
+bool all_float_cpu(std::initializer_list<const at::Tensor*> ts) {
+  for (const auto* t : ts)
+    if (t->defined() && (t->scalar_type() != at::kFloat || !t->device().is_cpu())) return false;
+  return true;
+}
+
+}  // namespace
+
+bool onednn_matmul_enabled(const at::Tensor& t) {
+#ifdef EMOE_HAVE_ONEDNN
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat && !at::autocast::is_cpu_enabled() &&
+         onednn_isa_ok();
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+int64_t onednn_product_count() { return onednn_products.load(); }
+
+std::string matmul_backend_name() {
+#ifdef EMOE_HAVE_ONEDNN
+  if (onednn_isa_ok()) return "onednn (avx512_core)";
+#endif
+  return "aten (OpenBLAS)";
+}
+
+void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
+                bool accumulate) {
+  TORCH_CHECK(a.dim() >= 2 && a.dim() == b.dim() && a.dim() == out.dim(), "gemm_out: expected matrices of equal rank");
+  TORCH_CHECK(!(accumulate && bias.defined()), "gemm_out: accumulate takes no bias");
+  if (out.numel() == 0) return;
+  if (a.size(-1) == 0) {  // an empty sum
+    if (!accumulate) bias.defined() ? (void)out.copy_(bias.expand_as(out)) : (void)out.zero_();
+    return;
+  }
+#ifdef EMOE_HAVE_ONEDNN
+  if (onednn_matmul_enabled(a) && all_float_cpu({&b, &out, &bias}) && plain_matrices(out)) {
+    const auto pa = plain_matrices(a) ? a : a.contiguous();
+    const auto pb = plain_matrices(b) ? b : b.contiguous();
+    const auto pbias = bias.defined() ? bias.contiguous() : bias;
+    if (onednn_matmul(out, pa, pb, pbias, accumulate)) return;
+    // no kernel for these strides between matrices: dense copies
+    if (onednn_matmul(out, pa.contiguous(), pb.contiguous(), pbias, accumulate)) return;
+  }
+#endif
+  fallback_gemm_out(out, a, b, bias, accumulate);
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!onednn_matmul_enabled(x) || !all_float_cpu({&weight, &bias})) return torch::linear(x, weight, bias);
+  return LinearFn::apply(x, weight, bias.defined() ? bias : at::empty({0}, weight.options()));
+}
+
+at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
+  if (!onednn_matmul_enabled(a) || !all_float_cpu({&b}) || a.dim() < 2 || a.dim() != b.dim() ||
+      a.sizes().slice(0, a.dim() - 2) != b.sizes().slice(0, b.dim() - 2))
+    return torch::matmul(a, b);
+  return MatmulFn::apply(a, b);
+}
+
+}  // namespace emoe

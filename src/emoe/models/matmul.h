@@ -1,0 +1,42 @@
+// Matrix products for the hot loop: oneDNN's AVX-512 kernels for float32 on CPU where this machine
+// has them, ATen's (OpenBLAS) otherwise. Results agree with ATen's to float32 rounding.
+//
+// Why: Debian 12's OpenBLAS (0.3.21) runs AVX-512 CPUs it does not know (AMD Zen 4/5) on its AVX2
+// kernels, and the image pins OPENBLAS_CORETYPE=Haswell on them (older builds compute wrong
+// results with the AVX-512 ones); ATen's batched products loop over OpenBLAS calls per matrix.
+// oneDNN (already libtorch's own bfloat16 and convolution engine) picks its kernels by
+// instruction set. Measured on a 2-core AMD EPYC with AVX-512 (bench_gemm): 2048 x 768 x 3072
+// 195 -> ~360 GFLOP/s; attention's 192 x (128 x 64 x 128) 75 -> ~280-380 GFLOP/s.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+namespace emoe {
+
+// True when a float32 product of CPU tensors like `t` goes through oneDNN: built with oneDNN,
+// the CPU has AVX-512 (avx512_core), no autocast is active, and EMOE_GEMM is not "aten".
+bool onednn_matmul_enabled(const at::Tensor& t);
+// "onednn (avx512_core)" or "aten (OpenBLAS)": what float32 CPU products use in this process.
+std::string matmul_backend_name();
+
+// How many products oneDNN has computed in this process (tests check the path was taken).
+int64_t onednn_product_count();
+
+// out = a @ b (+ bias) without autograd. a [..., M, K], b [..., K, N], out [..., M, N] with the
+// same leading dims, each matrix row- or column-major inside (any strides between matrices);
+// bias [N] or undefined. With accumulate, out += a @ b (bias not allowed).
+void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                const at::Tensor& bias = at::Tensor(), bool accumulate = false);
+
+// x W^T + b with autograd (x [..., in], weight [out, in] in any layout, bias [out] or undefined).
+// Keeps x for the backward pass only when the weight needs a gradient, and the weight only when
+// x does. Falls back to torch::linear where oneDNN is not used.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+// a @ b with autograd for a [..., M, K], b [..., K, N] with equal leading dims; falls back to
+// torch::matmul where oneDNN is not used.
+at::Tensor matmul(const at::Tensor& a, const at::Tensor& b);
+
+}  // namespace emoe
