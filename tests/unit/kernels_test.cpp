@@ -396,5 +396,21 @@ TEST(Matmul, OneDnnProductsMatchAtenInValuesAndGradients) {
   auto bias = torch::randn({4});
   emoe::gemm_out(out, torch::zeros({6, 0}), torch::zeros({0, 4}), bias);
   EXPECT_TRUE(close(out, bias.expand({6, 4})));
+  // products whose sizes change call by call (an expert's rows) share a primitive: rows, inner
+  // size, layouts, bias and accumulation vary
+  for (int64_t m : {1, 17, 64, 5})
+    for (int64_t k : {3, 48})
+      for (bool bt : {false, true}) {
+        SCOPED_TRACE(fmt::format("m {} k {} bt {}", m, k, bt));
+        auto xa = torch::randn({m, k});
+        auto wb = bt ? torch::randn({6, k}).t() : torch::randn({k, 6});
+        auto ob = torch::empty({m, 6}), bias6 = torch::randn({6});
+        emoe::gemm_out(ob, xa, wb, bias6, false, /*shapes_vary=*/true);
+        EXPECT_TRUE(close(ob, torch::addmm(bias6, xa, wb)));
+        auto gy = torch::randn({m, 6});
+        auto acc = torch::randn({k, 6}), expect_acc = acc + xa.t().mm(gy);  // a weight gradient's form
+        emoe::gemm_out(acc, xa.t(), gy, {}, /*accumulate=*/true, /*shapes_vary=*/true);
+        EXPECT_TRUE(close(acc, expect_acc));
+      }
   EXPECT_GT(emoe::onednn_product_count(), before + 20);  // they did go through oneDNN
 }

@@ -66,17 +66,40 @@ void append_key(std::string& key, at::IntArrayRef v) {
   key += ';';
 }
 
+// A 2-D matrix's descriptor with its sizes and leading dimension left to execution time: one
+// primitive serves every shape of this layout.
+dnnl::memory::desc runtime_matrix_desc(const at::Tensor& t) {
+  const auto rt = DNNL_RUNTIME_DIM_VAL;
+  const bool row_major = t.stride(1) == 1;
+  return dnnl::memory::desc({rt, rt}, dnnl::memory::data_type::f32,
+                            row_major ? dnnl::memory::dims{rt, 1} : dnnl::memory::dims{1, rt});
+}
+
+bool runtime_shapes_ok(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  return a.dim() == 2 && (a.stride(1) == 1 || a.stride(0) == 1) && (b.stride(1) == 1 || b.stride(0) == 1) &&
+         out.stride(1) == 1;
+}
+
 // Runs out = a @ b (+ bias | + out) through oneDNN; false when oneDNN has no kernel for these
-// strides (the caller then falls back).
+// strides (the caller then falls back). shapes_vary: 2-D products whose sizes change from call
+// to call (an expert's rows) share one primitive with the sizes given at execution time —
+// creating a primitive per shape costs ~0.4 ms, more than such a product itself.
 bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
-                   bool accumulate) {
+                   bool accumulate, bool shapes_vary) {
+  const bool runtime = shapes_vary && runtime_shapes_ok(out, a, b);
   std::string key;
   key.reserve(160);
-  append_key(key, a.sizes());
-  append_key(key, a.strides());
-  append_key(key, b.sizes());
-  append_key(key, b.strides());
-  append_key(key, out.strides());
+  if (runtime) {
+    key += "rt;";
+    key += a.stride(1) == 1 ? 'r' : 'c';
+    key += b.stride(1) == 1 ? 'r' : 'c';
+  } else {
+    append_key(key, a.sizes());
+    append_key(key, a.strides());
+    append_key(key, b.sizes());
+    append_key(key, b.strides());
+    append_key(key, out.strides());
+  }
   key += bias.defined() ? 'b' : '-';
   key += accumulate ? 'a' : '-';
   auto& cache = primitive_cache();
@@ -86,13 +109,16 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
     auto it = cache.map.find(key);
     if (it != cache.map.end()) prim = it->second;
   }
-  dnnl::memory::desc bias_md;
+  dnnl::memory::desc bias_md, bias_md_create;
   if (bias.defined()) {
     dnnl::memory::dims bd(static_cast<size_t>(out.dim()), 1);
     bd.back() = out.size(-1);
     dnnl::memory::dims bs(bd.size(), 0);
     for (size_t i = 0; i < bs.size(); ++i) bs[i] = i + 1 == bs.size() ? 1 : out.size(-1);
     bias_md = dnnl::memory::desc(bd, dnnl::memory::data_type::f32, bs);
+    bias_md_create = runtime ? dnnl::memory::desc({1, DNNL_RUNTIME_DIM_VAL}, dnnl::memory::data_type::f32,
+                                                  dnnl::memory::dims{DNNL_RUNTIME_DIM_VAL, 1})
+                             : bias_md;
   }
   if (!prim) {
     try {
@@ -102,9 +128,9 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
         ops.append_sum(1.0f);
         attr.set_post_ops(ops);
       }
-      auto desc = bias.defined()
-                      ? dnnl::matmul::desc(matrix_desc(a), matrix_desc(b), bias_md, matrix_desc(out))
-                      : dnnl::matmul::desc(matrix_desc(a), matrix_desc(b), matrix_desc(out));
+      auto md = runtime ? runtime_matrix_desc : matrix_desc;
+      auto desc = bias.defined() ? dnnl::matmul::desc(md(a), md(b), bias_md_create, md(out))
+                                 : dnnl::matmul::desc(md(a), md(b), md(out));
       prim = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
     } catch (const dnnl::error&) {
       return false;
@@ -132,8 +158,19 @@ bool plain_matrices(const at::Tensor& t) {
   return t.stride(n - 1) == 1 || t.stride(n - 2) == 1 || t.size(n - 1) == 1 || t.size(n - 2) == 1;
 }
 
+// ATen's products (OpenBLAS on CPU; any dtype and device), writing into out.
 void fallback_gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
-                         bool accumulate) {
+                       bool accumulate) {
+  if (a.dim() == 2) {
+    auto o = out;  // the *_out functions take a non-const reference
+    if (accumulate)
+      o.addmm_(a, b);
+    else if (bias.defined())
+      at::addmm_out(o, bias, a, b);
+    else
+      at::mm_out(o, a, b);
+    return;
+  }
   auto r = at::matmul(a, b);
   if (bias.defined()) r.add_(bias);
   if (accumulate)
@@ -248,7 +285,7 @@ std::string matmul_backend_name() {
 }
 
 void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
-                bool accumulate) {
+              bool accumulate, bool shapes_vary) {
   TORCH_CHECK(a.dim() >= 2 && a.dim() == b.dim() && a.dim() == out.dim(), "gemm_out: expected matrices of equal rank");
   TORCH_CHECK(!(accumulate && bias.defined()), "gemm_out: accumulate takes no bias");
   if (out.numel() == 0) return;
@@ -261,9 +298,10 @@ void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, c
     const auto pa = plain_matrices(a) ? a : a.contiguous();
     const auto pb = plain_matrices(b) ? b : b.contiguous();
     const auto pbias = bias.defined() ? bias.contiguous() : bias;
-    if (onednn_matmul(out, pa, pb, pbias, accumulate)) return;
+    if (shapes_vary && onednn_matmul(out, pa, pb, pbias, accumulate, true)) return;
+    if (onednn_matmul(out, pa, pb, pbias, accumulate, false)) return;
     // no kernel for these strides between matrices: dense copies
-    if (onednn_matmul(out, pa.contiguous(), pb.contiguous(), pbias, accumulate)) return;
+    if (onednn_matmul(out, pa.contiguous(), pb.contiguous(), pbias, accumulate, false)) return;
   }
 #endif
   fallback_gemm_out(out, a, b, bias, accumulate);

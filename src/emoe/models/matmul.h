@@ -26,9 +26,11 @@ int64_t onednn_product_count();
 
 // out = a @ b (+ bias) without autograd. a [..., M, K], b [..., K, N], out [..., M, N] with the
 // same leading dims, each matrix row- or column-major inside (any strides between matrices);
-// bias [N] or undefined. With accumulate, out += a @ b (bias not allowed).
-void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-                const at::Tensor& bias = at::Tensor(), bool accumulate = false);
+// bias [N] or undefined. With accumulate, out += a @ b (bias not allowed). shapes_vary: 2-D
+// products whose sizes change from call to call (an expert's rows) share one oneDNN primitive.
+// Any dtype and device: ATen's mm/addmm where oneDNN is not used.
+void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias = at::Tensor(),
+              bool accumulate = false, bool shapes_vary = false);
 
 // x W^T + b with autograd (x [..., in], weight [out, in] in any layout, bias [out] or undefined).
 // Keeps x for the backward pass only when the weight needs a gradient, and the weight only when

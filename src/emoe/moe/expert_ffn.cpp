@@ -1,6 +1,8 @@
 // Dispatched experts in one autograd function (see expert_ffn.h).
 #include "emoe/moe/expert_ffn.h"
 
+#include "emoe/models/matmul.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -97,11 +99,11 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
         auto xj = xg.narrow(0, off, c);
         auto prej = pre.narrow(0, grp.row + off, c);
         auto w_in_j = w_in.narrow(0, j * s, s);
-        if (b_in.defined()) at::addmm_out(prej, b_in.narrow(0, j * s, s), xj, w_in_j.t());
-        else at::mm_out(prej, xj, w_in_j.t());
+        emoe::gemm_out(prej, xj, w_in_j.t(), b_in.defined() ? b_in.narrow(0, j * s, s) : at::Tensor(),
+                       /*accumulate=*/false, /*shapes_vary=*/true);
         if (up.defined()) {
           auto upj = up.narrow(0, grp.row + off, c);
-          at::mm_out(upj, xj, w_up.narrow(0, j * s, s).t());
+          emoe::gemm_out(upj, xj, w_up.narrow(0, j * s, s).t(), {}, false, true);
         }
       }
     }
@@ -121,7 +123,7 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
         const int64_t c = counts[j];
         if (c == 0) continue;
         auto yj = yg.narrow(0, off, c);
-        at::mm_out(yj, h.narrow(0, grp.row + off, c), w_out.narrow(1, j * s, s).t());
+        emoe::gemm_out(yj, h.narrow(0, grp.row + off, c), w_out.narrow(1, j * s, s).t(), {}, false, true);
       }
       out.index_add_(0, tokens.narrow(0, grp.row, grp.rows), yg.scalar_type() == acc ? yg : yg.to(acc));
     }
@@ -187,10 +189,10 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
         if (c == 0) continue;
         auto gj = gg.narrow(0, off, c);
         auto ghj = gh.narrow(0, grp.row + off, c);
-        at::mm_out(ghj, gj, w_out.narrow(1, j * s, s));  // [c, d] · [d, s]
+        emoe::gemm_out(ghj, gj, w_out.narrow(1, j * s, s), {}, false, true);  // [c, d] · [d, s]
         if (need_w_out) {
           auto gwo = g_w_out.narrow(1, j * s, s);
-          at::mm_out(gwo, gj.t(), hw.narrow(0, grp.row + off, c));
+          emoe::gemm_out(gwo, gj.t(), hw.narrow(0, grp.row + off, c), {}, false, true);
         }
       }
     }
@@ -227,15 +229,16 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
         auto xj = xg.narrow(0, off, c);
         if (need_w_in) {
           auto gwi = g_w_in.narrow(0, j * s, s);
-          at::mm_out(gwi, g_pre_j.t(), xj);
+          emoe::gemm_out(gwi, g_pre_j.t(), xj, {}, false, true);
         }
         if (need_w_up) {
           auto gwu = g_w_up.narrow(0, j * s, s);
-          at::mm_out(gwu, g_up.narrow(0, grp.row + off, c).t(), xj);
+          emoe::gemm_out(gwu, g_up.narrow(0, grp.row + off, c).t(), xj, {}, false, true);
         }
         if (need_x) {
-          at::mm_out(xj, g_pre_j, w_in.narrow(0, j * s, s));
-          if (up.defined()) xj.addmm_(g_up.narrow(0, grp.row + off, c), w_up.narrow(0, j * s, s));
+          emoe::gemm_out(xj, g_pre_j, w_in.narrow(0, j * s, s), {}, false, true);
+          if (up.defined())
+            emoe::gemm_out(xj, g_up.narrow(0, grp.row + off, c), w_up.narrow(0, j * s, s), {}, /*accumulate=*/true, true);
         }
       }
       if (need_x) gx.index_add_(0, idx, xg.scalar_type() == acc ? xg : xg.to(acc));

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "emoe/core/error.h"
+#include "emoe/models/matmul.h"
 
 namespace emoe {
 
@@ -31,8 +32,8 @@ class SegmentLinearFn : public torch::autograd::Function<SegmentLinearFn> {
       if (c == 0) continue;
       auto wj = weight.narrow(block_dim, j * s, s);
       auto yj = y.narrow(0, off, c);
-      if (bias.defined()) at::addmm_out(yj, bias.narrow(0, j * s, s), xc.narrow(0, off, c), wj.t());
-      else at::mm_out(yj, xc.narrow(0, off, c), wj.t());
+      emoe::gemm_out(yj, xc.narrow(0, off, c), wj.t(), bias.defined() ? bias.narrow(0, j * s, s) : at::Tensor(),
+                     /*accumulate=*/false, /*shapes_vary=*/true);
       off += c;
     }
     ctx->save_for_backward({xc, weight});
@@ -71,8 +72,8 @@ class SegmentLinearFn : public torch::autograd::Function<SegmentLinearFn> {
       auto gyj = gy.narrow(0, off, c);
       auto xj = x.narrow(0, off, c);
       auto gxj = gx.narrow(0, off, c);
-      at::mm_out(gxj, gyj, wj);  // [c, out] · [out, in]
-      at::mm_out(gwj, gyj.t(), xj);                // [out, c] · [c, in]
+      emoe::gemm_out(gxj, gyj, wj, {}, false, true);  // [c, out] · [out, in]
+      emoe::gemm_out(gwj, gyj.t(), xj, {}, false, true);  // [out, c] · [c, in]
       if (has_bias) {
         auto gbj = gb.narrow(0, j * s, s);
         at::sum_out(gbj, gyj, {0});
