@@ -413,4 +413,15 @@ TEST(Matmul, OneDnnProductsMatchAtenInValuesAndGradients) {
         EXPECT_TRUE(close(acc, expect_acc));
       }
   EXPECT_GT(emoe::onednn_product_count(), before + 20);  // they did go through oneDNN
+  // bfloat16 (the experts' products under autocast), sizes varying: within bf16 rounding
+  const int64_t before_bf16 = emoe::onednn_product_count();
+  for (int64_t m : {3, 40, 9}) {
+    auto xa = torch::randn({m, 32}).to(torch::kBFloat16), wb = torch::randn({8, 32}).to(torch::kBFloat16).t();
+    auto ob = torch::empty({m, 8}, torch::kBFloat16);
+    emoe::gemm_out(ob, xa, wb, {}, false, /*shapes_vary=*/true);
+    auto expect_bf = xa.to(torch::kFloat).mm(wb.to(torch::kFloat));
+    EXPECT_LT(emoe::test::max_abs_diff(ob.to(torch::kFloat), expect_bf), 0.02 * (1.0 + expect_bf.abs().max().item<double>()));
+  }
+  if (emoe::matmul_backend_name().find("bf16") != std::string::npos)
+    EXPECT_EQ(emoe::onednn_product_count(), before_bf16 + 3);
 }

@@ -21,19 +21,37 @@ namespace {
 std::atomic<int64_t> onednn_products{0};
 
 #ifdef EMOE_HAVE_ONEDNN
-bool onednn_isa_ok() {
-  static const bool ok = [] {
+// The CPU's instruction set as oneDNN sees it, once; 0 where EMOE_GEMM=aten turns it off.
+unsigned onednn_isa() {
+  static const unsigned isa = [] {
     const char* env = std::getenv("EMOE_GEMM");
-    if (env != nullptr && std::string(env) == "aten") return false;
+    if (env != nullptr && std::string(env) == "aten") return 0u;
     try {
-      const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-      const auto avx512_core = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
-      return (isa & avx512_core) == avx512_core;
+      return static_cast<unsigned>(dnnl::get_effective_cpu_isa());
     } catch (const std::exception&) {
-      return false;
+      return 0u;
     }
   }();
-  return ok;
+  return isa;
+}
+
+bool has_isa(dnnl::cpu_isa wanted) {
+  const auto w = static_cast<unsigned>(wanted);
+  return (onednn_isa() & w) == w;
+}
+
+bool onednn_isa_ok() { return has_isa(dnnl::cpu_isa::avx512_core); }
+
+// float32 on AVX-512; bfloat16 where the CPU has AVX-512 BF16 (what ATen uses for it too)
+bool onednn_dtype_ok(const at::Tensor& t) {
+  if (!t.device().is_cpu()) return false;
+  if (t.scalar_type() == at::kFloat) return onednn_isa_ok();
+  if (t.scalar_type() == at::kBFloat16) return has_isa(dnnl::cpu_isa::avx512_core_bf16);
+  return false;
+}
+
+dnnl::memory::data_type dnnl_type(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
 }
 
 dnnl::engine& cpu_engine() {
@@ -42,8 +60,7 @@ dnnl::engine& cpu_engine() {
 }
 
 dnnl::memory::desc matrix_desc(const at::Tensor& t) {
-  return dnnl::memory::desc(dnnl::memory::dims(t.sizes().begin(), t.sizes().end()),
-                            dnnl::memory::data_type::f32,
+  return dnnl::memory::desc(dnnl::memory::dims(t.sizes().begin(), t.sizes().end()), dnnl_type(t),
                             dnnl::memory::dims(t.strides().begin(), t.strides().end()));
 }
 
@@ -71,7 +88,7 @@ void append_key(std::string& key, at::IntArrayRef v) {
 dnnl::memory::desc runtime_matrix_desc(const at::Tensor& t) {
   const auto rt = DNNL_RUNTIME_DIM_VAL;
   const bool row_major = t.stride(1) == 1;
-  return dnnl::memory::desc({rt, rt}, dnnl::memory::data_type::f32,
+  return dnnl::memory::desc({rt, rt}, dnnl_type(t),
                             row_major ? dnnl::memory::dims{rt, 1} : dnnl::memory::dims{1, rt});
 }
 
@@ -89,6 +106,8 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
   const bool runtime = shapes_vary && runtime_shapes_ok(out, a, b);
   std::string key;
   key.reserve(160);
+  key += a.scalar_type() == at::kBFloat16 ? "bf16;" : "f32;";
+  if (bias.defined()) key += bias.scalar_type() == at::kBFloat16 ? "bb;" : "bf;";
   if (runtime) {
     key += "rt;";
     key += a.stride(1) == 1 ? 'r' : 'c';
@@ -115,8 +134,8 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
     bd.back() = out.size(-1);
     dnnl::memory::dims bs(bd.size(), 0);
     for (size_t i = 0; i < bs.size(); ++i) bs[i] = i + 1 == bs.size() ? 1 : out.size(-1);
-    bias_md = dnnl::memory::desc(bd, dnnl::memory::data_type::f32, bs);
-    bias_md_create = runtime ? dnnl::memory::desc({1, DNNL_RUNTIME_DIM_VAL}, dnnl::memory::data_type::f32,
+    bias_md = dnnl::memory::desc(bd, dnnl_type(bias), bs);
+    bias_md_create = runtime ? dnnl::memory::desc({1, DNNL_RUNTIME_DIM_VAL}, dnnl_type(bias),
                                                   dnnl::memory::dims{DNNL_RUNTIME_DIM_VAL, 1})
                              : bias_md;
   }
@@ -279,7 +298,8 @@ int64_t onednn_product_count() { return onednn_products.load(); }
 
 std::string matmul_backend_name() {
 #ifdef EMOE_HAVE_ONEDNN
-  if (onednn_isa_ok()) return "onednn (avx512_core)";
+  if (onednn_isa_ok())
+    return has_isa(dnnl::cpu_isa::avx512_core_bf16) ? "onednn (avx512_core, bf16)" : "onednn (avx512_core)";
 #endif
   return "aten (OpenBLAS)";
 }
@@ -294,7 +314,10 @@ void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, c
     return;
   }
 #ifdef EMOE_HAVE_ONEDNN
-  if (onednn_matmul_enabled(a) && all_float_cpu({&b, &out, &bias}) && plain_matrices(out)) {
+  // the inputs' own dtype (no autocast applies to a product asked for directly), one for all
+  const bool same_dtype = b.scalar_type() == a.scalar_type() && out.scalar_type() == a.scalar_type() &&
+                          (!bias.defined() || bias.scalar_type() == a.scalar_type() || bias.scalar_type() == at::kFloat);
+  if (same_dtype && onednn_dtype_ok(a) && b.device().is_cpu() && out.device().is_cpu() && plain_matrices(out)) {
     const auto pa = plain_matrices(a) ? a : a.contiguous();
     const auto pb = plain_matrices(b) ? b : b.contiguous();
     const auto pbias = bias.defined() ? bias.contiguous() : bias;

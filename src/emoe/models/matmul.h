@@ -18,7 +18,8 @@ namespace emoe {
 // True when a float32 product of CPU tensors like `t` goes through oneDNN: built with oneDNN,
 // the CPU has AVX-512 (avx512_core), no autocast is active, and EMOE_GEMM is not "aten".
 bool onednn_matmul_enabled(const at::Tensor& t);
-// "onednn (avx512_core)" or "aten (OpenBLAS)": what float32 CPU products use in this process.
+// "onednn (avx512_core[, bf16])" or "aten (OpenBLAS)": what float32 CPU products use in this
+// process (", bf16": gemm_out's bfloat16 products too).
 std::string matmul_backend_name();
 
 // How many products oneDNN has computed in this process (tests check the path was taken).
@@ -28,7 +29,8 @@ int64_t onednn_product_count();
 // same leading dims, each matrix row- or column-major inside (any strides between matrices);
 // bias [N] or undefined. With accumulate, out += a @ b (bias not allowed). shapes_vary: 2-D
 // products whose sizes change from call to call (an expert's rows) share one oneDNN primitive.
-// Any dtype and device: ATen's mm/addmm where oneDNN is not used.
+// float32 (AVX-512) and bfloat16 (AVX-512 BF16) go through oneDNN, computing in the inputs' dtype;
+// any other dtype or device through ATen's mm/addmm.
 void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias = at::Tensor(),
               bool accumulate = false, bool shapes_vary = false);
 

@@ -7,6 +7,7 @@
 
 #include "emoe/core/error.h"
 #include "emoe/models/dropout.h"
+#include "emoe/models/matmul.h"
 
 namespace emoe {
 
@@ -28,7 +29,11 @@ torch::Tensor LoraAdapter::adapt(const torch::Tensor& x, LinearImpl& base) {
   // train/eval flag is the one that counts.
   auto h =
       options_.dropout > 0 && base.is_training() ? emoe::dropout(x, options_.dropout, true) : x;
-  return y + torch::linear(torch::linear(h, lora_a->weight), lora_b->weight) * scaling();
+  // y + (h A^T · scaling) B^T as one addmm: the scaling on the rank-r product, and the update
+  // added by the GEMM itself (two passes over the [tokens, out] output fewer)
+  auto z = emoe::linear(h, lora_a->weight, at::Tensor()) * scaling();
+  auto y2 = y.reshape({-1, y.size(-1)});
+  return torch::addmm(y2, z.reshape({-1, z.size(-1)}), lora_b->weight.t()).view(y.sizes());
 }
 
 torch::Tensor LoraAdapter::delta_weight() const {
