@@ -64,7 +64,8 @@ dnnl::memory::desc matrix_desc(const at::Tensor& t) {
                             dnnl::memory::dims(t.strides().begin(), t.strides().end()));
 }
 
-// Primitives by shape, strides and options (creating one JIT-compiles its kernels).
+// Primitives by shape, strides and options (creating one JIT-compiles its kernels); an empty
+// one where oneDNN had no kernel, so that a failed creation is not retried on every call.
 struct PrimitiveCache {
   std::mutex mutex;
   std::unordered_map<std::string, dnnl::matmul> map;
@@ -126,7 +127,10 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
   {
     std::lock_guard<std::mutex> lock(cache.mutex);
     auto it = cache.map.find(key);
-    if (it != cache.map.end()) prim = it->second;
+    if (it != cache.map.end()) {
+      if (!it->second) return false;  // oneDNN had no kernel for this key: not asked again
+      prim = it->second;
+    }
   }
   dnnl::memory::desc bias_md, bias_md_create;
   if (bias.defined()) {
@@ -152,11 +156,12 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
                                  : dnnl::matmul::desc(md(a), md(b), md(out));
       prim = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
     } catch (const dnnl::error&) {
-      return false;
+      prim = dnnl::matmul();  // remembered as "no kernel" (an empty primitive)
     }
     std::lock_guard<std::mutex> lock(cache.mutex);
     if (cache.map.size() >= 4096) cache.map.clear();  // shapes that keep changing: start over
     cache.map.emplace(key, prim);
+    if (!prim) return false;
   }
   thread_local dnnl::stream stream(cpu_engine());
   std::unordered_map<int, dnnl::memory> args = {
