@@ -176,6 +176,12 @@ TEST(Dropout, KeepsOneMinusPScalesAndIsSeededByTheGenerator) {
   EXPECT_NEAR(a.mean().item<double>(), 1.0, 0.003);      // unbiased
   // rows are not copies of each other (the hash mixes the index)
   EXPECT_FALSE(torch::equal(a[0], a[1]));
+  // two calls draw independent masks: both drop an element with probability p^2
+  auto m1 = emoe::dropout(x, 0.5, true) == 0, m2 = emoe::dropout(x, 0.5, true) == 0;
+  EXPECT_NEAR((m1 & m2).to(torch::kDouble).mean().item<double>(), 0.25, 0.003);
+  // and neighbouring elements within one mask too
+  EXPECT_NEAR((m1.flatten().narrow(0, 0, 999999) & m1.flatten().narrow(0, 1, 999999)).to(torch::kDouble).mean().item<double>(),
+              0.25, 0.003);
   // gradient: the same mask
   auto xg = torch::randn({64, 64}, torch::requires_grad());
   auto y = emoe::dropout(xg, 0.5, true);
