@@ -35,6 +35,8 @@ for tid, evs in by_thread.items():
         span = max(span, (max(e["ts"] + e["dur"] for e in evs) - min(e["ts"] for e in evs)) / 1000.0)
 all_ms = sum(total.values())
 print(f"wall span {span:.1f} ms, summed self time {all_ms:.1f} ms")
-print(f"{'operator':50s} {'self ms':>10s} {'calls':>7s} {'share':>7s}")
+name_width = 72
+print(f"{'operator':{name_width}s} {'self ms':>10s} {'calls':>7s} {'share':>7s}")
 for name, ms in total.most_common(top):
-    print(f"{name[:50]:50s} {ms:10.1f} {calls[name]:7d} {100 * ms / all_ms:6.1f}%")
+    short = name.replace("torch::autograd::CppNode<", "backward<").replace("(anonymous namespace)::", "")
+    print(f"{short[:name_width]:{name_width}s} {ms:10.1f} {calls[name]:7d} {100 * ms / all_ms:6.1f}%")

@@ -1,6 +1,7 @@
 // Linear / Conv1D layer used by every architecture.
 #include "emoe/models/linear.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include "emoe/models/matmul.h"
@@ -16,6 +17,7 @@ class FrozenLinearFn : public torch::autograd::Function<FrozenLinearFn> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias_or_empty) {
+    RECORD_FUNCTION("emoe::frozen_linear", std::vector<c10::IValue>());
     ctx->save_for_backward({weight});  // a parameter: held by reference, nothing copied
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     return torch::linear(x, weight, bias_or_empty.numel() > 0 ? bias_or_empty : torch::Tensor());

@@ -2,6 +2,7 @@
 #include "emoe/models/matmul.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -207,6 +208,7 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias_or_empty) {
+    RECORD_FUNCTION("emoe::linear", std::vector<c10::IValue>());
     const int64_t in = weight.size(1), out_features = weight.size(0);
     auto x2 = x.reshape({-1, in});
     const at::Tensor bias = bias_or_empty.numel() > 0 ? bias_or_empty : at::Tensor();
@@ -250,6 +252,7 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& a,
                                const torch::Tensor& b) {
+    RECORD_FUNCTION("emoe::matmul", std::vector<c10::IValue>());
     auto shape = a.sizes().vec();
     shape.back() = b.size(-1);
     auto out = at::empty(shape, a.options());

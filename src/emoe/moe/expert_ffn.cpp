@@ -3,6 +3,7 @@
 
 #include "emoe/models/matmul.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -79,6 +80,7 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
                             const at::Tensor& weights_e, const at::Tensor& tokens,
                             std::vector<int64_t> counts, int64_t act_code, int64_t group_bytes,
                             int64_t acc_code) {
+    RECORD_FUNCTION("emoe::dispatched_experts", std::vector<c10::IValue>());
     const auto act = static_cast<Activation>(act_code);
     const at::Tensor b_in = opt(b_in_e), w_up = opt(w_up_e), weights = opt(weights_e);
     const int64_t n = x_in.size(0), d = x_in.size(1), e = static_cast<int64_t>(counts.size());

@@ -1,6 +1,7 @@
 // Grouped GEMM over expert segments, as one autograd function.
 #include "emoe/moe/segment_linear.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include "emoe/core/error.h"
@@ -18,6 +19,7 @@ class SegmentLinearFn : public torch::autograd::Function<SegmentLinearFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& bias_or_empty, std::vector<int64_t> counts,
                                int64_t block_dim) {
+    RECORD_FUNCTION("emoe::segment_linear", std::vector<c10::IValue>());
     const torch::Tensor bias = bias_or_empty.numel() > 0 ? bias_or_empty : torch::Tensor();
     const int64_t e = static_cast<int64_t>(counts.size());
     const int64_t s = weight.size(block_dim) / e;
