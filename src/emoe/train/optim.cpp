@@ -1,6 +1,7 @@
 // AdamW parameter groups and learning-rate schedules.
 #include "emoe/train/optim.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <ATen/Parallel.h>
@@ -107,6 +108,7 @@ __attribute__((optimize("no-math-errno"))) void adamw_kernel(float* p, const flo
 }  // namespace
 
 void Optimizer::step() {
+  RECORD_FUNCTION("emoe::optimizer_step", std::vector<c10::IValue>());
   torch::NoGradGuard no_grad;
   auto& states = adamw_->state();
   for (auto& group : adamw_->param_groups()) {
@@ -155,6 +157,7 @@ void Optimizer::step() {
 }
 
 void Optimizer::zero_grad() {
+  RECORD_FUNCTION("emoe::zero_grad", std::vector<c10::IValue>());
   for (auto& group : adamw_->param_groups())
     for (auto& p : group.params())
       if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
