@@ -12,6 +12,9 @@
 #include "emoe/moe/convert.h"
 #include "emoe/peft/ia3.h"
 #include "emoe/peft/lora.h"
+#include "emoe/models/dropout.h"
+#include "emoe/models/linear.h"
+#include "emoe/models/low_rank_linear.h"
 #include "emoe/peft/molora.h"
 #include "emoe/peft/targets.h"
 #include "support/test_support.h"
@@ -708,4 +711,131 @@ TEST(PeftIo, LoraRoundTripOnGpt2Seqcls) {
   }
   emoe::load_peft_adapter(*back, tmp.path());
   EXPECT_EQ(emoe::test::max_abs_diff(peft_run(*m), peft_run(*back)), 0.0);
+}
+
+namespace {
+
+// y = x W^T + b + Σ s·dropout(x) A^T B^T into each update's columns, from separate operations
+torch::Tensor low_rank_reference(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                                 const std::vector<emoe::LowRankUpdate>& updates) {
+  auto y = torch::linear(x, w, b);
+  std::vector<torch::Tensor> parts;
+  int64_t col = 0;
+  std::vector<torch::Tensor> deltas(updates.size());
+  for (size_t i = 0; i < updates.size(); ++i) {
+    const auto& u = updates[i];
+    auto h = emoe::dropout(x, u.dropout, u.dropout > 0);
+    deltas[i] = torch::linear(torch::linear(h, u.a) * u.scaling, u.b);
+  }
+  for (size_t i = 0; i < updates.size(); ++i) {
+    const auto& u = updates[i];
+    if (u.offset > col) parts.push_back(y.narrow(-1, col, u.offset - col));
+    parts.push_back(y.narrow(-1, u.offset, u.b.size(0)) + deltas[i]);
+    col = u.offset + u.b.size(0);
+  }
+  if (col < y.size(-1)) parts.push_back(y.narrow(-1, col, y.size(-1) - col));
+  return torch::cat(parts, -1);
+}
+
+}  // namespace
+
+TEST(LowRankLinear, MatchesSeparateOperationsInValuesAndGradientsWithDropout) {
+  torch::manual_seed(4);
+  const int64_t in = 24, out = 40;
+  for (const bool with_bias : {true, false}) {
+    for (const double p : {0.0, 0.3}) {
+      for (const bool column_major : {false, true}) {
+        auto w = column_major ? torch::randn({in, out}).t() : torch::randn({out, in});
+        auto b = with_bias ? torch::randn({out}) : torch::Tensor();
+        auto x = torch::randn({3, 5, in}, torch::requires_grad());
+        // two updates on columns [0, 16) and [28, 40), ranks 4 and 2
+        std::vector<emoe::LowRankUpdate> ups(2);
+        ups[0].a = torch::randn({4, in}, torch::requires_grad());
+        ups[0].b = torch::randn({16, 4}, torch::requires_grad());
+        ups[0].offset = 0;
+        ups[0].scaling = 2.0;
+        ups[0].dropout = p;
+        ups[1].a = torch::randn({2, in}, torch::requires_grad());
+        ups[1].b = torch::randn({12, 2}, torch::requires_grad());
+        ups[1].offset = 28;
+        ups[1].scaling = 0.5;
+        ups[1].dropout = p;
+        ASSERT_TRUE(emoe::low_rank_linear_supported(x, w, b, ups));
+        auto g = torch::randn({3, 5, out});
+        torch::manual_seed(77);
+        auto y = emoe::low_rank_linear(x, w, b, ups);
+        (y * g).sum().backward();
+        std::vector<torch::Tensor> grads{x.grad().clone(), ups[0].a.grad().clone(), ups[0].b.grad().clone(),
+                                         ups[1].a.grad().clone(), ups[1].b.grad().clone()};
+        for (auto* t : {&x, &ups[0].a, &ups[0].b, &ups[1].a, &ups[1].b}) t->mutable_grad() = torch::Tensor();
+        torch::manual_seed(77);  // the same seeds, so the same dropout masks
+        auto ref = low_rank_reference(x, w, b, ups);
+        (ref * g).sum().backward();
+        ASSERT_EQ(y.sizes(), ref.sizes());
+        EXPECT_LT(emoe::test::max_abs_diff(y, ref), 1e-4) << "bias " << with_bias << " p " << p;
+        std::vector<torch::Tensor> ref_grads{x.grad(), ups[0].a.grad(), ups[0].b.grad(), ups[1].a.grad(),
+                                             ups[1].b.grad()};
+        for (size_t i = 0; i < grads.size(); ++i)
+          EXPECT_LT(emoe::test::max_abs_diff(grads[i], ref_grads[i]), 1e-3) << "gradient " << i << " p " << p;
+      }
+    }
+  }
+  // an input that needs no gradient: only the adapters get one
+  auto w = torch::randn({8, 6});
+  std::vector<emoe::LowRankUpdate> one(1);
+  one[0].a = torch::randn({2, 6}, torch::requires_grad());
+  one[0].b = torch::randn({8, 2}, torch::requires_grad());
+  auto x = torch::randn({4, 6});
+  emoe::low_rank_linear(x, w, torch::Tensor(), one).sum().backward();
+  EXPECT_TRUE(one[0].a.grad().defined() && one[0].b.grad().defined());
+  // what it does not take: a trainable base weight, another dtype, an update outside the output
+  EXPECT_FALSE(emoe::low_rank_linear_supported(x, w.clone().requires_grad_(true), torch::Tensor(), one));
+  EXPECT_FALSE(emoe::low_rank_linear_supported(x.to(torch::kDouble), w, torch::Tensor(), one));
+  one[0].offset = 1;
+  EXPECT_FALSE(emoe::low_rank_linear_supported(x, w, torch::Tensor(), one));
+}
+
+TEST(LowRankLinear, FusedQkvWithLoraOnQAndVEqualsEachLayersForward) {
+  torch::manual_seed(6);
+  emoe::Linear q(emoe::LinearOptions{8, 8, true, false}), k(emoe::LinearOptions{8, 4, true, false}),
+      v(emoe::LinearOptions{8, 4, true, false});
+  at::Generator gen = at::detail::createCPUGenerator(3);
+  for (auto* l : {q.get(), k.get(), v.get()}) {
+    l->weight.requires_grad_(false);
+    l->bias.requires_grad_(false);
+  }
+  auto lq = std::make_shared<emoe::LoraAdapter>(*q, emoe::LoraOptions{2, 4, 0.25}, gen);
+  auto lv = std::make_shared<emoe::LoraAdapter>(*v, emoe::LoraOptions{2, 4, 0.25}, gen);
+  {
+    torch::NoGradGuard no_grad;  // B starts at zero: make the update visible
+    lq->lora_b->weight.normal_();
+    lv->lora_b->weight.normal_();
+  }
+  q->set_adapter(lq);
+  v->set_adapter(lv);
+  auto x = torch::randn({2, 3, 8}, torch::requires_grad());
+  torch::manual_seed(9);
+  auto fused = emoe::fused_linear({q.get(), k.get(), v.get()}, x);
+  // one product: the three outputs are views of one buffer
+  EXPECT_TRUE(fused[0].storage().is_alias_of(fused[2].storage()));
+  (fused[0].sum() + 2 * fused[1].sum() + 3 * fused[2].sum()).backward();
+  auto gx = x.grad().clone(), gaq = lq->lora_a->weight.grad().clone(), gbv = lv->lora_b->weight.grad().clone();
+  for (auto* t : {&x, &lq->lora_a->weight, &lq->lora_b->weight, &lv->lora_a->weight, &lv->lora_b->weight})
+    t->mutable_grad() = torch::Tensor();
+  // each layer on its own: LoRA through its own forward, drawing its dropout seed in the same order
+  torch::manual_seed(9);
+  auto yq = q(x), yk = k(x), yv = v(x);
+  (yq.sum() + 2 * yk.sum() + 3 * yv.sum()).backward();
+  EXPECT_LT(emoe::test::max_abs_diff(fused[0], yq), 1e-5);
+  EXPECT_LT(emoe::test::max_abs_diff(fused[1], yk), 1e-5);
+  EXPECT_LT(emoe::test::max_abs_diff(fused[2], yv), 1e-5);
+  EXPECT_LT(emoe::test::max_abs_diff(gx, x.grad()), 1e-4);
+  EXPECT_LT(emoe::test::max_abs_diff(gaq, lq->lora_a->weight.grad()), 1e-4);
+  EXPECT_LT(emoe::test::max_abs_diff(gbv, lv->lora_b->weight.grad()), 1e-4);
+  // a trainable base layer: each layer's own forward, and its weight gets a gradient
+  k->weight.requires_grad_(true);
+  auto unfused = emoe::fused_linear({q.get(), k.get(), v.get()}, x);
+  EXPECT_FALSE(unfused[0].storage().is_alias_of(unfused[1].storage()));
+  unfused[1].sum().backward();
+  EXPECT_TRUE(k->weight.grad().defined());
 }

@@ -64,6 +64,13 @@ void mask_f32(const float* __restrict in, float* __restrict out, int64_t n, uint
     out[j] = kept(i0 + static_cast<uint32_t>(j), m.k1, m.k2, m.threshold) ? in[j] * m.keep : 0.0f;
 }
 
+// out += mask(in) (the gradient of a dropped input added to a gradient already there)
+EMOE_DROPOUT_CLONES
+void mask_add_f32(const float* __restrict in, float* __restrict out, int64_t n, uint32_t i0, MaskParams m) {
+  for (int64_t j = 0; j < n; ++j)
+    out[j] += kept(i0 + static_cast<uint32_t>(j), m.k1, m.k2, m.threshold) ? in[j] * m.keep : 0.0f;
+}
+
 // bfloat16 as raw bits: widened to float, scaled, rounded to nearest even once.
 EMOE_DROPOUT_CLONES
 void mask_bf16(const uint16_t* __restrict in, uint16_t* __restrict out, int64_t n, uint32_t i0, MaskParams m) {
@@ -132,6 +139,24 @@ at::Tensor masked_copy(const at::Tensor& x, uint64_t seed, double p) {
   }
   return out;
 }
+
+}  // namespace
+
+uint64_t draw_dropout_seed() { return draw_seed(); }
+
+void dropout_mask_into(const at::Tensor& in, const at::Tensor& out, uint64_t seed, double p, bool accumulate) {
+  EMOE_CHECK(in.device().is_cpu() && out.device().is_cpu() && in.scalar_type() == at::kFloat &&
+                 out.scalar_type() == at::kFloat && in.is_contiguous() && out.is_contiguous() &&
+                 in.numel() == out.numel(),
+             UsageError, "dropout_mask_into: expected contiguous float32 CPU tensors of equal size");
+  EMOE_CHECK(p >= 0 && p < 1, UsageError, "dropout probability must be in [0, 1), got {}", p);
+  if (accumulate)
+    apply_mask(in.data_ptr<float>(), out.data_ptr<float>(), in.numel(), seed, p, mask_add_f32);
+  else
+    apply_mask(in.data_ptr<float>(), out.data_ptr<float>(), in.numel(), seed, p, mask_f32);
+}
+
+namespace {
 
 // Saves the seed, not a mask: a float mask as large as the input (12 MiB per BERT-base attention
 // layer at batch 16 x 128) would otherwise live until the backward pass.

@@ -8,10 +8,19 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+
 namespace emoe {
 
 // x with each element zeroed with probability p and the rest scaled by 1/(1-p) when training;
 // x itself otherwise. Differentiable in x.
 at::Tensor dropout(const at::Tensor& x, double p, bool training);
+
+// For kernels that fuse dropout into their own autograd (the fused LoRA linear): the seed one
+// dropout() call draws from the default generator, and the mask it makes of that seed, applied
+// to `in` and written to `out` (out += ... with accumulate). dropout(x, p, true) equals
+// dropout_mask_into(x, out, seed, p, false) for the seed it drew. Contiguous float32 CPU tensors.
+uint64_t draw_dropout_seed();
+void dropout_mask_into(const at::Tensor& in, const at::Tensor& out, uint64_t seed, double p, bool accumulate);
 
 }  // namespace emoe

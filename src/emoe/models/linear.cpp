@@ -77,11 +77,23 @@ torch::Tensor LinearImpl::weight_out_in() const { return options_.transposed ? w
 
 std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers, const torch::Tensor& x) {
   bool fusable = layers.size() > 1;
-  for (auto* l : layers)
-    fusable = fusable && !l->adapter() && !l->options().transposed &&
-              l->bias.defined() == layers[0]->bias.defined();
+  std::vector<LowRankUpdate> updates;
+  int64_t column = 0;
+  for (auto* l : layers) {
+    fusable = fusable && !l->options().transposed && l->bias.defined() == layers[0]->bias.defined();
+    if (fusable && l->adapter()) {
+      LowRankUpdate u;
+      fusable = l->adapter()->low_rank_update(*l, &u);
+      u.offset = column;
+      updates.push_back(u);
+    }
+    column += l->options().out;
+  }
   std::vector<torch::Tensor> out;
-  if (!fusable) {
+  bool frozen = true;
+  for (auto* l : layers)
+    frozen = frozen && !l->weight.requires_grad() && !(l->bias.defined() && l->bias.requires_grad());
+  if (!fusable || (!updates.empty() && !frozen)) {  // (updates on a trainable layer: its own forward)
     for (auto* l : layers) out.push_back(l->forward(x));
     return out;
   }
@@ -91,6 +103,21 @@ std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers, 
     weights.push_back(l->weight);
     if (l->bias.defined()) biases.push_back(l->bias);
     sizes.push_back(l->options().out);
+  }
+  if (!updates.empty()) {
+    // the input's device and dtype first (no concatenation for nothing), then the whole layer
+    if (low_rank_linear_supported(x, layers[0]->weight, layers[0]->bias, {})) {
+      at::Tensor w, b;
+      {
+        torch::NoGradGuard no_grad;  // every layer is frozen (above): no graph for the concatenation
+        w = torch::cat(weights, 0);
+        if (!biases.empty()) b = torch::cat(biases, 0);
+      }
+      if (low_rank_linear_supported(x, w, b, updates))
+        return low_rank_linear(x, w, b, updates).split_with_sizes(sizes, -1);
+    }
+    for (auto* l : layers) out.push_back(l->forward(x));
+    return out;
   }
   auto y = emoe::linear(x, torch::cat(weights, 0), biases.empty() ? torch::Tensor() : torch::cat(biases, 0));
   return y.split_with_sizes(sizes, -1);

@@ -6,6 +6,8 @@
 #include <memory>
 #include <vector>
 
+#include "emoe/models/low_rank_linear.h"
+
 namespace emoe {
 
 class LinearImpl;
@@ -15,6 +17,9 @@ class LinearAdapter : public torch::nn::Module {
  public:
   // `base` is the frozen layer; implementations call base.base_forward(x) and add to it.
   virtual torch::Tensor adapt(const torch::Tensor& x, LinearImpl& base) = 0;
+  // Adapters that are a low-rank update of the layer (LoRA) describe it here and return true;
+  // fused_linear then folds the update into the layer's product (the offset is set by the caller).
+  virtual bool low_rank_update(const LinearImpl& base, LowRankUpdate* update) const { return false; }
 };
 
 struct LinearOptions {
@@ -51,8 +56,10 @@ class LinearImpl : public torch::nn::Module {
 TORCH_MODULE(Linear);
 
 // The outputs of several Linear layers reading the same input (q, k, v): one GEMM over the
-// concatenated weights when none carries an adapter (fewer, larger matrix multiplies), else
-// each layer's own forward. The results are views into one buffer in the fused case.
+// concatenated weights when none carries an adapter (fewer, larger matrix multiplies), or when
+// every adapter is a low-rank update of a frozen layer and low_rank_linear takes them (LoRA on
+// q and v, float32 on CPU); else each layer's own forward. The results are views into one
+// buffer in the fused case.
 std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers, const torch::Tensor& x);
 
 }  // namespace emoe

@@ -23,7 +23,24 @@ LoraAdapter::LoraAdapter(const LinearImpl& base, const LoraOptions& options, at:
   lora_b = register_module("lora_B", AdapterWeight(torch::zeros({lo.out, options.r}, wopts)));
 }
 
+bool LoraAdapter::low_rank_update(const LinearImpl& base, LowRankUpdate* update) const {
+  update->a = lora_a->weight;
+  update->b = lora_b->weight;
+  update->offset = 0;
+  update->scaling = scaling();
+  // the layer's train/eval flag counts (the adapter is not a child of the model)
+  update->dropout = base.is_training() ? options_.dropout : 0.0;
+  return true;
+}
+
 torch::Tensor LoraAdapter::adapt(const torch::Tensor& x, LinearImpl& base) {
+  // float32 on CPU with a frozen base: the layer and its update as one node (low_rank_linear.h)
+  LowRankUpdate u;
+  low_rank_update(base, &u);
+  const auto w = base.weight_out_in();
+  if (!base.weight.requires_grad() && !(base.bias.defined() && base.bias.requires_grad()) &&
+      low_rank_linear_supported(x, w, base.bias, {u}))
+    return low_rank_linear(x, w, base.bias, {u});
   auto y = base.base_forward(x);
   // The adapter itself is not a child of the model (only its parts are), so the layer's
   // train/eval flag is the one that counts.
