@@ -130,6 +130,7 @@ void measure_one(const Args& a) {
   emoe::ModelInputs in;
   in.input_ids = torch::randint(5, summary.vocab_size, {s.batch, s.seq}, torch::kLong).to(dev);
   in.attention_mask = torch::ones({s.batch, s.seq}, torch::kLong).to(dev);
+  in.output_logits = false;  // as the trainer: the loss only
   in.labels = s.head == emoe::Head::kCausalLM ? in.input_ids
                                               : torch::randint(0, 2, {s.batch}, torch::kLong).to(dev);
   emoe::TrainOptions to;
@@ -208,6 +209,7 @@ void measure_one(const Args& a) {
   double infer_s = 0;
   {
     torch::NoGradGuard g;
+    in.output_logits = true;
     infer_s = emoe::bench::time_per_call(
         [&] {
           emoe::PrecisionScope scope(precision, dev);

@@ -36,6 +36,31 @@ void check_lm_fixture(const std::string& dir) {
       EXPECT_LT(max_abs_diff(out.logits, fx["right.logits"]), emoe::test::kGoldenTol);
     }
   }
+  // training's loss-only head (chunked, without logits): the same loss and the same gradients
+  {
+    emoe::ModelInputs in;
+    in.input_ids = fx["right.input_ids"];
+    in.attention_mask = fx["right.attention_mask"];
+    in.labels = fx["right.labels_masked"];
+    auto ref = model->forward(in);
+    ref.loss.backward();
+    std::vector<torch::Tensor> ref_grads;
+    for (auto& p : model->parameters()) {
+      ref_grads.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+      p.mutable_grad() = torch::Tensor();
+    }
+    in.output_logits = false;
+    auto out = model->forward(in);
+    EXPECT_FALSE(out.logits.defined());
+    EXPECT_LT(max_abs_diff(out.loss, ref.loss), 1e-5);
+    out.loss.backward();
+    auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      ASSERT_EQ(params[i].grad().defined(), ref_grads[i].defined()) << i;
+      if (ref_grads[i].defined()) EXPECT_LT(max_abs_diff(params[i].grad(), ref_grads[i]), 1e-5) << "parameter " << i;
+      params[i].mutable_grad() = torch::Tensor();
+    }
+  }
   // greedy generation, single prompt and a left-padded batch
   auto eos = model->summary().eos_token_id;
   emoe::GenerateOptions g;

@@ -16,6 +16,8 @@
 #include "emoe/train/precision.h"
 #include "emoe/core/runtime.h"
 #include "emoe/models/matmul.h"
+#include "emoe/models/lm_loss.h"
+#include "emoe/models/model.h"
 #include <c10/core/CPUAllocator.h>
 #include "support/test_support.h"
 
@@ -430,4 +432,42 @@ TEST(Matmul, OneDnnProductsMatchAtenInValuesAndGradients) {
   }
   if (emoe::matmul_backend_name().find("bf16") != std::string::npos)
     EXPECT_EQ(emoe::onednn_product_count(), before_bf16 + 3);
+}
+
+TEST(ChunkedLmLoss, MatchesCrossEntropyOfTheLogitsInValueAndGradients) {
+  torch::manual_seed(8);
+  const int64_t b = 3, t = 7, h = 16, v = 50;
+  auto labels = torch::randint(0, v, {b, t}, torch::kLong);
+  labels.index_put_({0, 3}, -100);  // ignored positions
+  labels.index_put_({2, 6}, -100);
+  for (const int64_t chunk : {0, 1, 4, 5}) {  // one chunk; a row at a time; uneven chunks
+    for (const bool transposed_weight : {false, true}) {
+      auto hidden = torch::randn({b, t, h}, torch::requires_grad());
+      auto w = transposed_weight ? torch::randn({h, v}).t().requires_grad_(true) : torch::randn({v, h}, torch::requires_grad());
+      auto ref = emoe::causal_lm_loss(torch::linear(hidden, w), labels);
+      ref.backward();
+      auto gh = hidden.grad().clone(), gw = w.grad().clone();
+      hidden.mutable_grad() = torch::Tensor();
+      w.mutable_grad() = torch::Tensor();
+      auto loss = emoe::chunked_causal_lm_loss(hidden, w, labels, chunk);
+      (loss * 3).backward();  // a scaled loss scales the gradients
+      EXPECT_LT(std::abs(loss.item<double>() - ref.item<double>()), 1e-5) << "chunk " << chunk;
+      EXPECT_LT(emoe::test::max_abs_diff(hidden.grad(), gh * 3), 1e-5) << "chunk " << chunk;
+      EXPECT_LT(emoe::test::max_abs_diff(w.grad(), gw * 3), 1e-5) << "chunk " << chunk;
+    }
+  }
+  // a frozen weight gets no gradient; without grad mode nothing is computed for one
+  auto hidden = torch::randn({b, t, h}, torch::requires_grad());
+  auto w = torch::randn({v, h});
+  emoe::chunked_causal_lm_loss(hidden, w, labels, 2).backward();
+  EXPECT_TRUE(hidden.grad().defined());
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_FALSE(emoe::chunked_causal_lm_loss(hidden, w, labels).requires_grad());
+  }
+  // every label ignored: NaN, as cross_entropy's mean
+  EXPECT_TRUE(std::isnan(emoe::chunked_causal_lm_loss(hidden, w, torch::full({b, t}, -100, torch::kLong)).item<double>()));
+  EXPECT_TRUE(std::isnan(emoe::causal_lm_loss(torch::linear(hidden, w), torch::full({b, t}, -100, torch::kLong)).item<double>()));
+  // what it leaves to the plain path: bfloat16, autocast
+  EXPECT_FALSE(emoe::chunked_lm_loss_supported(hidden.to(torch::kBFloat16), w.to(torch::kBFloat16)));
 }

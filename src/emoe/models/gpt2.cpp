@@ -209,8 +209,7 @@ class Gpt2ModelImpl : public PretrainedModelImpl {
     if (in.output_hidden_states) out.hidden_states.push_back(h);
     out.last_hidden_state = h;
     if (head_ == Head::kCausalLM) {
-      out.logits = lm_head_ ? lm_head_(h) : torch::linear(h, wte_->weight);
-      if (in.labels.defined()) out.loss = causal_lm_loss(out.logits, in.labels);
+      causal_lm_head(h, lm_head_ ? lm_head_.get() : nullptr, wte_->weight, in, out);
     } else if (head_ == Head::kSequenceClassification) {
       auto all = score_(h);
       auto idx = in.attention_mask.defined() ? last_real_token_index(in.attention_mask.to(dev))

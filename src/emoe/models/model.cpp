@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include "emoe/core/error.h"
+#include "emoe/models/linear.h"
+#include "emoe/models/lm_loss.h"
 
 namespace emoe {
 
@@ -39,6 +41,19 @@ torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& l
   return torch::nn::functional::cross_entropy(
       shifted.to(torch::kFloat), target,
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+}
+
+void causal_lm_head(const torch::Tensor& h, LinearImpl* lm_head, const torch::Tensor& tied_weight,
+                    const ModelInputs& in, ModelOutputs& out) {
+  if (!in.output_logits && in.labels.defined() && (!lm_head || (!lm_head->adapter() && !lm_head->bias.defined()))) {
+    const auto w = lm_head ? lm_head->weight_out_in() : tied_weight;
+    if (chunked_lm_loss_supported(h, w)) {
+      out.loss = chunked_causal_lm_loss(h, w, in.labels);
+      return;
+    }
+  }
+  out.logits = lm_head ? lm_head->forward(h) : torch::linear(h, tied_weight);
+  if (in.labels.defined()) out.loss = causal_lm_loss(out.logits, in.labels);
 }
 
 torch::Tensor token_cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels) {

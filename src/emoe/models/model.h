@@ -13,6 +13,8 @@
 
 namespace emoe {
 
+class LinearImpl;
+
 // kSeq2SeqLM: an encoder-decoder language model (T5ForConditionalGeneration).
 enum class Head { kBase, kSequenceClassification, kMaskedLM, kCausalLM, kSeq2SeqLM };
 std::string head_name(Head h);
@@ -49,6 +51,9 @@ struct ModelInputs {
   torch::Tensor encoder_last_hidden_state;
   bool output_hidden_states = false;
   bool output_attentions = false;
+  // false: when labels are given only the loss is wanted (training), and causal LMs compute it
+  // in chunks without the [B, T, vocab] logits (lm_loss.h); logits stay undefined then
+  bool output_logits = true;
   KvCache* cache = nullptr;      // decoder self-attention (and cross-attention) keys and values:
                                  // read and extended in place
 };
@@ -102,6 +107,11 @@ std::shared_ptr<torch::nn::Module> container();
 // Hugging Face losses: shifted causal-LM cross-entropy (ignore -100), masked-LM cross-entropy,
 // and sequence classification by problem type (regression when num_labels == 1).
 torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels);
+// The causal-LM head: logits = lm_head(h), or h E^T with the tied embedding E when there is no
+// lm_head, and the loss when labels are given; without in.output_logits, an lm_head with no
+// adapter and no bias, and float32 without autocast, only the loss, in chunks (lm_loss.h).
+void causal_lm_head(const torch::Tensor& h, LinearImpl* lm_head, const torch::Tensor& tied_weight,
+                    const ModelInputs& in, ModelOutputs& out);
 torch::Tensor token_cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels);
 torch::Tensor sequence_classification_loss(const torch::Tensor& logits,
                                            const torch::Tensor& labels, int64_t num_labels,

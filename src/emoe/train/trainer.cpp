@@ -568,6 +568,7 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
       double count = 0, tokens = 0;  // examples (or target tokens for LM) and input tokens here
       if (!ex.empty()) {
         in = to_inputs(s2s ? collate_seq2seq(ex, c.pad_id) : collate(ex, c.pad_id, c.task.regression, lm), c.device);
+        in.output_logits = false;  // a training step needs the loss only (chunked LM head: lm_loss.h)
         PrecisionScope scope(precision, c.device);  // forward and loss; backward follows the graph
         out = c.model->forward(in);
         loss = out.loss;

@@ -1,0 +1,100 @@
+// The causal-LM head and its loss in row chunks (see the header).
+#include "emoe/models/lm_loss.h"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "emoe/models/matmul.h"
+
+namespace emoe {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// rows of logits computed at once: about 32 MiB of float32
+int64_t lm_loss_chunk_rows(int64_t rows, int64_t vocab) {
+  return std::clamp<int64_t>((int64_t{8} << 20) / std::max<int64_t>(vocab, 1), 1, std::max<int64_t>(rows, 1));
+}
+
+class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
+ public:
+  // h [N, H], weight [V, H], target [N] (-100: ignored)
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
+                            const at::Tensor& target, bool need_h, bool need_w, int64_t chunk_rows) {
+    RECORD_FUNCTION("emoe::chunked_lm_loss", std::vector<c10::IValue>());
+    const int64_t n = h.size(0), vocab = weight.size(0);
+    const auto valid = target != -100;
+    const auto count = valid.sum().to(h.scalar_type());  // 0: the mean is NaN, as cross_entropy's
+    const auto safe_target = target.clamp_min(0).unsqueeze(1);
+    at::Tensor gh = need_h ? at::empty_like(h) : at::Tensor();
+    at::Tensor gw = need_w ? at::empty({vocab, h.size(1)}, h.options()) : at::Tensor();
+    auto loss_sum = at::zeros({}, h.options());
+    const int64_t chunk = chunk_rows > 0 ? chunk_rows : lm_loss_chunk_rows(n, vocab);
+    at::Tensor logits;
+    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+      const int64_t c = std::min(chunk, n - r0);
+      if (!logits.defined() || logits.size(0) != c) logits = at::empty({c, vocab}, h.options());
+      const auto hc = h.narrow(0, r0, c);
+      const auto vc = valid.narrow(0, r0, c);
+      const auto tc = safe_target.narrow(0, r0, c);
+      gemm_out(logits, hc, weight.t());
+      // log Σ exp in place, in four passes over the chunk: max; exp(x - max); Σ; then the
+      // gradient's scaling (logsumexp and a separate softmax would take twice as many)
+      const auto picked = logits.gather(1, tc);
+      const auto mx = at::amax(logits, 1, /*keepdim=*/true);
+      logits.sub_(mx).exp_();
+      const auto sum = logits.sum(1, /*keepdim=*/true);
+      // Σ over the kept rows of log Σ exp(logits) - logits[target]
+      loss_sum.add_(((mx + sum.log() - picked).squeeze(1) * vc).sum());
+      if (!need_h && !need_w) continue;
+      // d mean / d logits = (softmax - onehot(target)) · w, w = 1/count on kept rows, 0 on ignored
+      const auto w = (vc.to(logits.scalar_type()) / count).unsqueeze(1);
+      auto& p = logits.mul_(w / sum);
+      p.scatter_add_(1, tc, -w);
+      if (need_h) gemm_out(gh.narrow(0, r0, c), p, weight);
+      if (need_w) gemm_out(gw, p.t(), hc, at::Tensor(), /*accumulate=*/r0 > 0);
+    }
+    ctx->save_for_backward({gh, gw});
+    return loss_sum / count;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    // the loss is a scalar: its gradient scales the ones computed in the forward pass (no copy
+    // when it is 1, as when the loss itself is backpropagated)
+    const auto& go = grads[0];
+    const bool one = go.device().is_cpu() && go.item<double>() == 1.0;
+    auto scale = [&](const at::Tensor& g) { return !g.defined() || one ? g : g * go; };
+    return {scale(saved[0]), scale(saved[1]), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool chunked_lm_loss_supported(const at::Tensor& hidden, const at::Tensor& weight) {
+  // float32 / float64 only: cross_entropy's reference computes bfloat16 logits in float32
+  return hidden.defined() && weight.defined() && hidden.dim() >= 2 && weight.dim() == 2 &&
+         hidden.size(-1) == weight.size(1) &&
+         (hidden.scalar_type() == at::kFloat || hidden.scalar_type() == at::kDouble) &&
+         hidden.scalar_type() == weight.scalar_type() && hidden.device() == weight.device() &&
+         !at::autocast::is_cpu_enabled() && !at::autocast::is_enabled();
+}
+
+at::Tensor chunked_causal_lm_loss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                                  int64_t chunk_rows) {
+  TORCH_CHECK(chunked_lm_loss_supported(hidden, weight), "chunked_causal_lm_loss: unsupported inputs");
+  const int64_t t = hidden.size(1);
+  // position t predicts label t + 1
+  const auto h = hidden.narrow(1, 0, t - 1).reshape({-1, hidden.size(-1)});
+  const auto target = labels.narrow(1, 1, t - 1).reshape({-1}).to(hidden.device(), at::kLong);
+  const bool grad = at::GradMode::is_enabled();
+  return ChunkedLmLossFn::apply(h, weight, target, grad && h.requires_grad(), grad && weight.requires_grad(),
+                                chunk_rows);
+}
+
+}  // namespace emoe

@@ -1,0 +1,29 @@
+// The causal-LM head and its loss in row chunks, without the [tokens, vocab] logits.
+//
+// A Llama-style model at batch 8 x 256 with a 32,000-token vocabulary makes 262 MB of float32
+// logits; cross-entropy keeps their log-softmax for the backward pass and the backward pass makes
+// two more tensors of that size. When only the loss is wanted (training: ModelInputs::
+// output_logits = false), chunked_causal_lm_loss computes logits for a few hundred rows at a time
+// and, in the same pass, the gradients of the mean loss with respect to the hidden states and
+// the head's weight; the backward pass only scales them.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace emoe {
+
+// Whether chunked_causal_lm_loss takes these: float32 (or float64) hidden states and weight on
+// one device, [B, T, H] and [V, H], and no autocast (whose products would run in another dtype
+// than the ones here).
+bool chunked_lm_loss_supported(const at::Tensor& hidden, const at::Tensor& weight);
+
+// causal_lm_loss(hidden W^T, labels): hidden [B, T, H], weight [V, H] (any layout), labels
+// [B, T] with -100 for ignored positions; the mean cross-entropy of position t's logits against
+// label t + 1 over the positions not ignored (NaN when all are). Differentiable in hidden and
+// weight; their gradients are computed in the forward pass when grad mode is on and either needs
+// one. chunk_rows: rows of logits at a time (0: about 32 MiB of them).
+at::Tensor chunked_causal_lm_loss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                                  int64_t chunk_rows = 0);
+
+}  // namespace emoe
