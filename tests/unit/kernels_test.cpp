@@ -17,6 +17,7 @@
 #include "emoe/core/runtime.h"
 #include "emoe/models/matmul.h"
 #include "emoe/models/lm_loss.h"
+#include "emoe/models/attention.h"
 #include "emoe/models/model.h"
 #include <c10/core/CPUAllocator.h>
 #include "support/test_support.h"
@@ -470,4 +471,21 @@ TEST(ChunkedLmLoss, MatchesCrossEntropyOfTheLogitsInValueAndGradients) {
   EXPECT_TRUE(std::isnan(emoe::causal_lm_loss(torch::linear(hidden, w), torch::full({b, t}, -100, torch::kLong)).item<double>()));
   // what it leaves to the plain path: bfloat16, autocast
   EXPECT_FALSE(emoe::chunked_lm_loss_supported(hidden.to(torch::kBFloat16), w.to(torch::kBFloat16)));
+}
+
+TEST(BlockMask, NoPaddingBlocksNothingAndPaddingBlocksItsKeys) {
+  const auto ones = torch::ones({2, 5}, torch::kLong);
+  // no padding: nothing to block (no masked_fill in attention), causal or not
+  EXPECT_FALSE(emoe::build_block_mask(ones, 5, 5, /*causal=*/false, torch::kCPU).defined());
+  EXPECT_TRUE(torch::equal(emoe::build_block_mask(ones, 3, 5, /*causal=*/true, torch::kCPU),
+                           emoe::build_block_mask(torch::Tensor(), 3, 5, /*causal=*/true, torch::kCPU)));
+  // padding: the pad keys of that row are blocked for every query
+  auto padded = ones.clone();
+  padded.index_put_({1, 4}, 0);
+  auto m = emoe::build_block_mask(padded, 5, 5, /*causal=*/false, torch::kCPU);
+  ASSERT_TRUE(m.defined());
+  EXPECT_EQ(m.sum().item<int64_t>(), 1);
+  EXPECT_TRUE(m[1][0][0][4].item<bool>());
+  // a mask of the wrong length is still rejected
+  EXPECT_ANY_THROW(emoe::build_block_mask(torch::ones({2, 4}, torch::kLong), 5, 5, false, torch::kCPU));
 }
