@@ -27,7 +27,7 @@ def read(run):
 a, b = read("fp32"), read("bf16-mixed")
 print(f"| bert-mini SST-2, {sys.argv[2]} steps | train loss (last 50 steps) | dev loss | dev accuracy |")
 print("|---|---|---|---|")
-print(f"| fp32 | {a[0]:.4f} | {a[1]:.4f} | {a[2]:.2f} |")
-print(f"| bf16-mixed | {b[0]:.4f} | {b[1]:.4f} | {b[2]:.2f} |")
-print(f"| relative difference | {abs(b[0]-a[0])/a[0]*100:.2f} % | {abs(b[1]-a[1])/a[1]*100:.2f} % | |")
+print(f"| fp32 | {a[0]:.6f} | {a[1]:.6f} | {a[2]:.2f} |")
+print(f"| bf16-mixed | {b[0]:.6f} | {b[1]:.6f} | {b[2]:.2f} |")
+print(f"| relative difference | {abs(b[0]-a[0])/a[0]*100:.3g} % | {abs(b[1]-a[1])/a[1]*100:.3g} % | |")
 PY

@@ -208,6 +208,16 @@ TEST(Dropout, KeepsOneMinusPScalesAndIsSeededByTheGenerator) {
   EXPECT_TRUE(torch::equal(yb, torch::where(yb != 0, scaled(xb.detach()), torch::zeros_like(yb))));
   EXPECT_TRUE(torch::equal(xb.grad(), torch::where(yb != 0, scaled(gb), torch::zeros_like(gb))));
   EXPECT_NEAR((yb != 0).to(torch::kDouble).mean().item<double>(), 0.7, 0.05);
+  // NaN stays NaN where kept and becomes 0 where dropped (bf16 and float alike); infinities stay
+  for (const auto dt : {torch::kBFloat16, torch::kFloat}) {
+    auto nan = emoe::dropout(torch::full({1000}, std::nan(""), dt), 0.5, true).to(torch::kFloat);
+    const auto n_nan = nan.isnan().sum().item<int64_t>(), n_zero = (nan == 0).sum().item<int64_t>();
+    EXPECT_EQ(n_nan + n_zero, 1000);
+    EXPECT_GT(n_nan, 400);
+    EXPECT_GT(n_zero, 400);
+    auto inf = emoe::dropout(torch::full({100}, INFINITY, dt), 0.5, true).to(torch::kFloat);
+    EXPECT_EQ((inf.isinf() | (inf == 0)).sum().item<int64_t>(), 100);
+  }
   // a strided input is dropped by its logical element order, like its contiguous copy
   torch::manual_seed(3);
   auto strided = emoe::dropout(xs.detach().t(), 0.3, true);

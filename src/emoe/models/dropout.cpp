@@ -71,18 +71,24 @@ void mask_add_f32(const float* __restrict in, float* __restrict out, int64_t n, 
     out[j] += kept(i0 + static_cast<uint32_t>(j), m.k1, m.k2, m.threshold) ? in[j] * m.keep : 0.0f;
 }
 
-// bfloat16 as raw bits: widened to float, scaled, rounded to nearest even once.
+// bfloat16 as raw bits: widened to float, scaled, rounded to nearest even once. Written without
+// branches (masks instead of selects), or GCC leaves the loop scalar: 3.8 ns an element against
+// 0.65 — bf16 dropout took 30 % of a bf16 BERT-base LoRA step.
 EMOE_DROPOUT_CLONES
 void mask_bf16(const uint16_t* __restrict in, uint16_t* __restrict out, int64_t n, uint32_t i0, MaskParams m) {
   for (int64_t j = 0; j < n; ++j) {
+    const uint32_t h = mix32(mix32(i0 + static_cast<uint32_t>(j) + m.k1) ^ m.k2);
+    const uint32_t kept_bits = 0U - static_cast<uint32_t>(h >= m.threshold);  // all ones when kept
     float v;
     const uint32_t wide = static_cast<uint32_t>(in[j]) << 16;
     std::memcpy(&v, &wide, 4);
-    v = kept(i0 + static_cast<uint32_t>(j), m.k1, m.k2, m.threshold) ? v * m.keep : 0.0f;
+    v *= m.keep;
     uint32_t bits;
     std::memcpy(&bits, &v, 4);
+    bits &= kept_bits;  // dropped: +0
     const uint32_t rounded = (bits + 0x7fffU + ((bits >> 16) & 1U)) >> 16;
-    out[j] = v != v ? static_cast<uint16_t>(0x7fc0U) : static_cast<uint16_t>(rounded);
+    const uint32_t nan = 0U - static_cast<uint32_t>((bits & 0x7fffffffU) > 0x7f800000U);
+    out[j] = static_cast<uint16_t>(rounded ^ ((rounded ^ 0x7fc0U) & nan));
   }
 }
 
