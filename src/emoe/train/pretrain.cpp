@@ -346,6 +346,7 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
     in.input_ids = ids.to(device);
     in.attention_mask = mask.to(device);
     in.labels = labels.to(device);
+    in.output_logits = false;  // the loss only (causal LMs: the chunked LM head, lm_loss.h)
     auto loss = model->forward(in).loss;
     loss.backward();
     torch::nn::utils::clip_grad_norm_(opt.parameters(), 1.0);
