@@ -34,13 +34,12 @@ bool LoraAdapter::low_rank_update(const LinearImpl& base, LowRankUpdate* update)
 }
 
 torch::Tensor LoraAdapter::adapt(const torch::Tensor& x, LinearImpl& base) {
-  // float32 on CPU with a frozen base: the layer and its update as one node (low_rank_linear.h)
+  // float32 on CPU with a frozen base (low_rank_linear_supported checks both): the layer and its
+  // update as one node (low_rank_linear.h)
   LowRankUpdate u;
   low_rank_update(base, &u);
-  const auto w = base.weight_out_in();
-  if (!base.weight.requires_grad() && !(base.bias.defined() && base.bias.requires_grad()) &&
-      low_rank_linear_supported(x, w, base.bias, {u}))
-    return low_rank_linear(x, w, base.bias, {u});
+  const auto w = base.weight_out_in();  // a view of the weight: the same requires_grad
+  if (low_rank_linear_supported(x, w, base.bias, {u})) return low_rank_linear(x, w, base.bias, {u});
   auto y = base.base_forward(x);
   // The adapter itself is not a child of the model (only its parts are), so the layer's
   // train/eval flag is the one that counts.
