@@ -117,6 +117,70 @@ TEST(ExpertFfn, DispatchedMatchesTheDefinitionInValuesAndEveryGradient) {
                emoe::UsageError);
 }
 
+TEST(ExpertFfn, Float32RegisterTileKernelsMatchTheDefinitionAndTheLibraryPath) {
+  // float32 on CPU takes the AVX-512 register-tile kernels (expert_kernels.h) where the CPU has
+  // them: compared with the definition in float64 and with the library-GEMM path. The sizes
+  // leave partial tiles everywhere: d 37 (column tails, a thread's partial column range), experts
+  // with 0, 3, 13 and 17 rows, s from one partial vector (5) to two column chunks (50).
+  if (!emoe::expert_kernels_used(torch::zeros({1}, torch::kFloat)))
+    std::cout << "note: this CPU has no AVX-512: the float32 experts use the library path here\n";
+  torch::manual_seed(11);
+  const int64_t n = 21, d = 37;
+  const std::vector<int64_t> counts = {13, 0, 3, 17, 8};
+  const int64_t e = static_cast<int64_t>(counts.size()), rows = 41;
+  // each expert's tokens distinct, as top-k routing gives them
+  std::vector<torch::Tensor> segs;
+  for (auto c : counts) segs.push_back(torch::randperm(n, torch::kLong).narrow(0, 0, c));
+  auto tokens = torch::cat(segs);
+  ASSERT_EQ(tokens.size(0), rows);
+  for (int64_t s : {5, 43, 50}) {
+    for (bool gated : {false, true})
+      for (bool weighted : {false, true}) {
+        const bool bias = !gated;
+        SCOPED_TRACE("s " + std::to_string(s) + (gated ? " gated" : "") + (weighted ? " weighted" : ""));
+        const auto act = gated ? emoe::Activation::kSilu : emoe::Activation::kGeluErf;
+        auto x = torch::randn({n, d}), go = torch::randn({n, d});
+        auto w_in = torch::randn({e * s, d}) * 0.3, w_out = torch::randn({d, e * s}) * 0.3;
+        auto b_in = bias ? torch::randn({e * s}) : torch::Tensor();
+        auto w_up = gated ? torch::randn({e * s, d}) * 0.3 : torch::Tensor();
+        auto weights = weighted ? torch::rand({rows}) : torch::Tensor();
+        // mode 0: definition in float64; 1: float32 kernels; 2: float32 library path
+        auto run = [&](int mode, bool x_grad, bool w_grad) {
+          auto leaf = [&](const torch::Tensor& t, bool grad) {
+            if (!t.defined()) return torch::Tensor();
+            auto c = (mode == 0 ? t.to(torch::kDouble) : t).clone();
+            return grad ? c.requires_grad_(true) : c;
+          };
+          auto xx = leaf(x, x_grad), wi = leaf(w_in, w_grad), bi = leaf(b_in, w_grad), wu = leaf(w_up, w_grad),
+               wo = leaf(w_out, w_grad), ww = leaf(weights, w_grad);
+          const bool before = emoe::set_expert_kernels(mode == 1);
+          auto y = mode == 0 ? kernels_expert_reference(xx, tokens, counts, ww, wi, bi, wu, wo, act)
+                             : emoe::dispatched_expert_ffn(xx, tokens, counts, ww, wi, bi, wu, wo, act);
+          (y * go.to(y.scalar_type())).sum().backward();
+          emoe::set_expert_kernels(before);
+          auto grad = [](const torch::Tensor& t) {
+            return t.defined() && t.grad().defined() ? t.grad().to(torch::kDouble) : torch::zeros({1}, torch::kDouble);
+          };
+          return std::vector<torch::Tensor>{y.detach().to(torch::kDouble), grad(xx), grad(wi), grad(bi),
+                                            grad(wu), grad(wo), grad(ww)};
+        };
+        for (auto [x_grad, w_grad] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
+          SCOPED_TRACE(std::string(x_grad ? "x grad" : "") + (w_grad ? " weight grads" : ""));
+          auto ref = run(0, x_grad, w_grad), ours = run(1, x_grad, w_grad), lib = run(2, x_grad, w_grad);
+          for (size_t i = 0; i < ref.size(); ++i) {
+            const double scale = std::max(1.0, ref[i].abs().max().item<double>());
+            EXPECT_LT(emoe::test::max_abs_diff(ours[i], ref[i]) / scale, 2e-5) << i;
+            EXPECT_LT(emoe::test::max_abs_diff(ours[i], lib[i]) / scale, 2e-5) << i;
+          }
+          if (w_grad) {  // the row-less expert's blocks: exactly zero
+            EXPECT_EQ(ours[2].narrow(0, s, s).abs().max().item<double>(), 0.0);
+            EXPECT_EQ(ours[5].narrow(1, s, s).abs().max().item<double>(), 0.0);
+          }
+        }
+      }
+  }
+}
+
 TEST(FrozenLinear, KeepsNoInputAndGivesTheSameInputGradient) {
   torch::manual_seed(6);
   for (bool transposed : {false, true}) {

@@ -7,8 +7,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "emoe/core/error.h"
+#include "emoe/moe/expert_kernels.h"
 
 namespace emoe {
 
@@ -38,6 +40,16 @@ void activation_backward_out(at::Tensor& out, const at::Tensor& grad, const at::
 
 // absent optional tensors travel through autograd as empty ones
 at::Tensor opt(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? t : at::Tensor(); }
+
+std::atomic<bool> kernels_enabled{true};
+
+// The register-tile kernels (expert_kernels.h) take float32 CPU tensors summed in float32.
+bool use_kernels(const at::Tensor& x, at::ScalarType acc) {
+  return kernels_enabled.load() && x.device().is_cpu() && x.scalar_type() == at::kFloat && acc == at::kFloat &&
+         expert_kernels::available();
+}
+
+const float* fptr(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
 // Consecutive experts whose rows are gathered and scattered together: one index_select and one
 // index_add per group rather than per expert (in one profile of a BERT-base FFN at N 64, the
@@ -86,6 +98,40 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     const int64_t n = x_in.size(0), d = x_in.size(1), e = static_cast<int64_t>(counts.size());
     const int64_t s = w_in.size(0) / e, rows = tokens.size(0);
     auto x = x_in.contiguous();
+    const auto acc = static_cast<c10::ScalarType>(acc_code);
+    ctx->saved_data["counts"] = c10::IValue(counts);
+    ctx->saved_data["act"] = act_code;
+    ctx->saved_data["has_b_in"] = b_in.defined();
+    ctx->saved_data["group_bytes"] = group_bytes;
+    ctx->saved_data["acc"] = acc_code;
+    if (use_kernels(x, acc)) {
+      // gathers and scatters inside the products; the weights transposed once so that each
+      // expert's block is a row-major [d, s] (w_in, w_up) or [s, d] (w_out) panel
+      auto tok = tokens.contiguous();
+      auto pre = torch::empty({rows, s}, x.options());
+      auto wt_in = w_in.t().contiguous();
+      auto bc = b_in.defined() ? b_in.contiguous() : at::Tensor();
+      expert_kernels::gather_gemm(fptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, fptr(wt_in), e * s,
+                                  fptr(bc), pre.data_ptr<float>());
+      at::Tensor up;
+      if (w_up.defined()) {
+        up = torch::empty({rows, s}, x.options());
+        auto wt_up = w_up.t().contiguous();
+        expert_kernels::gather_gemm(fptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, fptr(wt_up), e * s,
+                                    nullptr, up.data_ptr<float>());
+      }
+      auto h = torch::empty({rows, s}, x.options());
+      activation_out(h, pre, act);
+      if (up.defined()) h.mul_(up);
+      if (weights.defined()) h.mul_(weights.unsqueeze(1));
+      auto out = torch::zeros({n, d}, x.options());
+      auto wt_out = w_out.t().contiguous();
+      expert_kernels::scatter_gemm(h.data_ptr<float>(), tok.data_ptr<int64_t>(), counts, s, fptr(wt_out), d,
+                                   d, out.data_ptr<float>(), d);
+      ctx->save_for_backward({x, w_in, w_up_e, w_out, weights_e, tok, pre,
+                              up.defined() ? up : torch::empty({0}, x.options())});
+      return out;
+    }
     const auto groups = expert_groups(counts, d * static_cast<int64_t>(x.element_size()), group_bytes);
     auto pre = torch::empty({rows, s}, x.options());
     auto up = w_up.defined() ? torch::empty({rows, s}, x.options()) : at::Tensor();
@@ -116,7 +162,6 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     if (weights.defined()) h.mul_(weights.unsqueeze(1));
     // pass 2: each expert's rows times its block of w_out, added into their tokens' outputs (in
     // the accumulation dtype: float32 when the experts compute in bfloat16)
-    const auto acc = static_cast<c10::ScalarType>(acc_code);
     auto out = torch::zeros({n, d}, x.options().dtype(acc));
     for (const auto& grp : groups) {
       if (grp.rows == 0) continue;
@@ -131,11 +176,6 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     }
     ctx->save_for_backward({x, w_in, w_up_e, w_out, weights_e, tokens, pre,
                             up.defined() ? up : torch::empty({0}, x.options())});
-    ctx->saved_data["counts"] = c10::IValue(counts);
-    ctx->saved_data["act"] = act_code;
-    ctx->saved_data["has_b_in"] = b_in.defined();
-    ctx->saved_data["group_bytes"] = group_bytes;
-    ctx->saved_data["acc"] = acc_code;
     return out;
   }
 
@@ -168,7 +208,8 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     at::Tensor g_w_out = need_w_out ? torch::empty(w_out.sizes(), o) : at::Tensor();
     const auto groups = expert_groups(counts, d * static_cast<int64_t>(x.element_size()),
                                       ctx->saved_data["group_bytes"].toInt());
-    auto buf = torch::empty({largest_group(groups), d}, o);
+    const bool kernels = use_kernels(x, acc);
+    auto buf = kernels ? at::Tensor() : torch::empty({largest_group(groups), d}, o);
     // recomputed rather than kept: a = act(pre), h = a (⊙ up), hw = h (· weight)
     auto a = torch::empty({rows, s}, o);
     activation_out(a, pre, act);
@@ -176,7 +217,16 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     auto hw = weights.defined() ? h * weights.unsqueeze(1) : h;
     // pass 1: gradient of h (before the routing weight) and of w_out, expert by expert
     auto gh = torch::empty({rows, s}, o);
-    for (const auto& grp : groups) {
+    const auto tok = kernels ? tokens.contiguous() : tokens;
+    if (kernels) {
+      auto w_out_c = w_out.contiguous();  // expert j's block: columns j·s.. = a [d, s] panel
+      expert_kernels::gather_gemm(fptr(g), d, d, tok.data_ptr<int64_t>(), counts, s, fptr(w_out_c), e * s,
+                                  nullptr, gh.data_ptr<float>());
+      if (need_w_out)
+        expert_kernels::gather_weight_grad(fptr(g), d, d, tok.data_ptr<int64_t>(), counts, s,
+                                           fptr(hw.contiguous()), g_w_out.data_ptr<float>(), e * s);
+    }
+    for (const auto& grp : kernels ? std::vector<ExpertGroup>{} : groups) {
       for (int64_t j = grp.first; j < grp.end; ++j)
         if (counts[j] == 0) {  // an expert without tokens: zero weight gradients
           if (need_w_in) g_w_in.narrow(0, j * s, s).zero_();
@@ -219,7 +269,25 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     }
     // pass 2: gradients of w_in, w_up and x, expert by expert; x's rows are gathered per group
     // and each expert's input gradient replaces its (used) input rows in the buffer
-    for (const auto& grp : groups) {
+    if (kernels) {
+      // the weight gradients come out as [d, E·s] (expert j's columns j·s..), transposed once
+      auto weight_grad = [&](at::Tensor& out, const at::Tensor& gy) {
+        auto t = torch::empty({d, e * s}, o);
+        expert_kernels::gather_weight_grad(fptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, fptr(gy),
+                                           t.data_ptr<float>(), e * s);
+        out.copy_(t.t());
+      };
+      if (need_w_in) weight_grad(g_w_in, g_pre);
+      if (need_w_up) weight_grad(g_w_up, g_up);
+      if (need_x) {
+        expert_kernels::scatter_gemm(g_pre.data_ptr<float>(), tok.data_ptr<int64_t>(), counts, s,
+                                     fptr(w_in.contiguous()), d, d, gx.data_ptr<float>(), d);
+        if (up.defined())
+          expert_kernels::scatter_gemm(g_up.data_ptr<float>(), tok.data_ptr<int64_t>(), counts, s,
+                                       fptr(w_up.contiguous()), d, d, gx.data_ptr<float>(), d);
+      }
+    }
+    for (const auto& grp : kernels ? std::vector<ExpertGroup>{} : groups) {
       if (grp.rows == 0 || !(need_x || need_w_in || need_w_up)) continue;
       auto idx = tokens.narrow(0, grp.row, grp.rows);
       auto xg = buf.narrow(0, 0, grp.rows);
@@ -252,6 +320,10 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
 };
 
 }  // namespace
+
+bool set_expert_kernels(bool enabled) { return kernels_enabled.exchange(enabled); }
+
+bool expert_kernels_used(const at::Tensor& x) { return use_kernels(x, x.scalar_type()); }
 
 at::Tensor dispatched_expert_ffn(const at::Tensor& x, const at::Tensor& tokens,
                                  const std::vector<int64_t>& counts, const at::Tensor& weights,

@@ -1,9 +1,12 @@
-// Dispatched experts as one autograd function: for each group of experts, their tokens are
-// gathered into a small buffer (at most `group_bytes`, or one expert's rows), pushed through the expert's blocks of the FFN weights (two GEMMs, three when
-// gated) and added back into the output — the replicated inputs and outputs of all experts
-// (n·k rows of d_model each, 96 MiB per BERT-base layer at batch 16 x 128 with k = 16) are never
-// materialised. Only the pre-activations (n·k x d_ff/N) are kept for the backward pass, which
-// regathers its rows the same way.
+// Dispatched experts as one autograd function. float32 on a CPU with AVX-512: register-tile kernels
+// that read each expert's rows straight from the input's token rows and add its outputs straight
+// into the output's (expert_kernels.h). Otherwise (CUDA, bfloat16, older CPUs): for each group of
+// experts, their tokens are gathered into a small buffer (at most `group_bytes`, or one expert's
+// rows), pushed through the expert's blocks of the FFN weights by library GEMMs (two, three when
+// gated) and added back into the output. Either way the replicated inputs and outputs of all
+// experts (n·k rows of d_model each, 96 MiB per BERT-base layer at batch 16 x 128 with k = 16) are
+// never materialised. Only the pre-activations (n·k x d_ff/N) are kept for the backward pass,
+// which regathers its rows the same way.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
@@ -29,5 +32,11 @@ at::Tensor dispatched_expert_ffn(const at::Tensor& x, const at::Tensor& tokens,
                                  const at::Tensor& w_up, const at::Tensor& w_out, Activation act,
                                  int64_t group_bytes = int64_t{16} << 20,
                                  c10::optional<at::ScalarType> accumulate = c10::nullopt);
+
+// Whether float32 CPU experts may use the register-tile kernels (default: yes); tests and
+// benchmarks switch them off to compare with the library-GEMM path. Returns the previous setting.
+bool set_expert_kernels(bool enabled);
+// True when dispatched_expert_ffn on tensors like x (float32, summed in float32) uses them.
+bool expert_kernels_used(const at::Tensor& x);
 
 }  // namespace emoe
