@@ -476,6 +476,14 @@ TEST(Matmul, OneDnnProductsMatchAtenInValuesAndGradients) {
   auto expect = out + a.mm(bb);
   emoe::gemm_out(out, a, bb, torch::Tensor(), /*accumulate=*/true);
   EXPECT_TRUE(close(out, expect));
+  // a column-major output (the gradient of a weight kept [in, out]) is written as the
+  // transposed product, also when accumulating
+  for (bool accum : {false, true}) {
+    auto a2 = torch::randn({5, 7}), b2 = torch::randn({7, 3}), o2 = torch::randn({3, 5}).t();
+    auto expect2 = (accum ? o2.clone() : torch::zeros({5, 3})) + a2.mm(b2);
+    emoe::gemm_out(o2, a2, b2, torch::Tensor(), accum);
+    EXPECT_TRUE(close(o2, expect2)) << accum;
+  }
   auto bias = torch::randn({4});
   emoe::gemm_out(out, torch::zeros({6, 0}), torch::zeros({0, 4}), bias);
   EXPECT_TRUE(close(out, bias.expand({6, 4})));
