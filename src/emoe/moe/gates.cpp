@@ -1,5 +1,6 @@
 // Gate implementations.
 #include "emoe/moe/gates.h"
+#include "emoe/models/matmul.h"
 
 #include <torch/torch.h>
 
@@ -13,7 +14,7 @@ torch::Tensor expert_key_means(const FfnView& view, int64_t experts) {
 }
 
 torch::Tensor AvgKGateImpl::logits(const torch::Tensor& x, FfnSlot& slot) {
-  return torch::matmul(x, expert_key_means(slot.ffn_view(), experts_).t());
+  return emoe::linear(x, expert_key_means(slot.ffn_view(), experts_), {});
 }
 
 LinearGateImpl::LinearGateImpl(int64_t d, int64_t experts) {
@@ -21,7 +22,7 @@ LinearGateImpl::LinearGateImpl(int64_t d, int64_t experts) {
 }
 
 torch::Tensor LinearGateImpl::logits(const torch::Tensor& x, FfnSlot&) {
-  return torch::matmul(x, weight.t());
+  return emoe::linear(x, weight, {});
 }
 
 CosineGateImpl::CosineGateImpl(int64_t d, int64_t experts, int64_t dim) {
@@ -35,7 +36,7 @@ torch::Tensor CosineGateImpl::logits(const torch::Tensor& x, FfnSlot&) {
   auto p = F::normalize(cosine_projector(x), F::NormalizeFuncOptions().dim(1));
   auto s = F::normalize(sim_matrix, F::NormalizeFuncOptions().dim(0));
   auto scale = torch::clamp_max(temperature, std::log(100.0)).exp();
-  return torch::matmul(p, s) * scale;
+  return emoe::linear(p, s.t(), {}) * scale;
 }
 
 MlpGateImpl::MlpGateImpl(int64_t d, int64_t experts) {

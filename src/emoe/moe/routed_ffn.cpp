@@ -1,5 +1,6 @@
 // MoE FFN plugs: routing of real tokens, masked and dispatched expert computation, GMoE experts.
 #include "emoe/moe/routed_ffn.h"
+#include "emoe/models/matmul.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
@@ -74,11 +75,11 @@ torch::Tensor ffn_math(const torch::Tensor& x, const torch::Tensor& w_in, const 
                        const torch::Tensor& w_up, const torch::Tensor& w_out,
                        const torch::Tensor& b_out, Activation act, double preact_dropout,
                        bool training) {
-  auto pre = torch::linear(x, w_in, b_in);
+  auto pre = emoe::linear(x, w_in, b_in);
   if (preact_dropout > 0) pre = emoe::dropout(pre, preact_dropout, training);
   auto h = activate(pre, act);
-  if (w_up.defined()) h = h * torch::linear(x, w_up);
-  return torch::linear(h, w_out, b_out);
+  if (w_up.defined()) h = h * emoe::linear(x, w_up, {});
+  return emoe::linear(h, w_out, b_out);
 }
 
 // --- EMoE / EMoE-learn / MoEfication -----------------------------------------------------------
@@ -99,9 +100,9 @@ torch::Tensor ExpertFfnImpl::compute_masked(const torch::Tensor& x, const Routin
   torch::Tensor h;
   if (cfg_.preact_dropout > 0 && is_training()) {
     auto v = slot.ffn_view();
-    auto pre = emoe::dropout(torch::linear(x, v.w_in, v.b_in), cfg_.preact_dropout, true);
+    auto pre = emoe::dropout(emoe::linear(x, v.w_in, v.b_in), cfg_.preact_dropout, true);
     h = activate(pre, v.act);
-    if (v.gated()) h = h * torch::linear(x, v.w_up);
+    if (v.gated()) h = h * emoe::linear(x, v.w_up, {});
   } else {
     h = slot.ffn_hidden(x);
   }

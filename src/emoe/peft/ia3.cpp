@@ -1,5 +1,6 @@
 // (IA)^3 vectors and MoV mixtures of them: construction and the scaled forward.
 #include "emoe/peft/ia3.h"
+#include "emoe/models/matmul.h"
 
 #include <torch/torch.h>
 
@@ -80,9 +81,9 @@ MovAdapter::MovAdapter(const LinearImpl& base, bool feedforward, std::vector<Sca
 
 torch::Tensor MovAdapter::mix(const torch::Tensor& a, size_t i, bool training) {
   auto af = a.to(torch::kFloat);
-  auto p = torch::softmax(torch::matmul(af, routers[i].to(torch::kFloat)), -1);
+  auto p = torch::softmax(emoe::linear(af, routers[i].to(torch::kFloat).t(), {}), -1);
   mass.add(p, training);
-  auto scale = torch::matmul(p, vectors[i].to(torch::kFloat));
+  auto scale = emoe::linear(p, vectors[i].to(torch::kFloat).t(), {});
   return (af * scale).to(a.scalar_type());
 }
 

@@ -1,5 +1,6 @@
 // MoLoRA adapter: stacked LoRA experts, the float32 router, top-k masking and the Switch loss.
 #include "emoe/peft/molora.h"
+#include "emoe/models/matmul.h"
 
 #include <torch/torch.h>
 
@@ -30,7 +31,7 @@ torch::Tensor MoloraAdapter::adapt(const torch::Tensor& x, LinearImpl& base) {
   const int64_t e = options_.experts;
   const bool training = base.is_training();  // the adapter is not itself a child of the model
   auto y = base.base_forward(x);
-  auto p = torch::softmax(torch::linear(x.to(torch::kFloat), molora_router.to(torch::kFloat)), -1);
+  auto p = torch::softmax(emoe::linear(x.to(torch::kFloat), molora_router.to(torch::kFloat), {}), -1);
   auto w = p;
   aux_loss_ = torch::Tensor();
   if (options_.topk > 0) {
@@ -42,9 +43,9 @@ torch::Tensor MoloraAdapter::adapt(const torch::Tensor& x, LinearImpl& base) {
   }
   mass.add(w, training);
   auto h = options_.dropout > 0 && training ? emoe::dropout(x, options_.dropout, true) : x;
-  auto ranks = torch::linear(h, molora_A);  // [.., E·r]
+  auto ranks = emoe::linear(h, molora_A, {});  // [.., E·r]
   ranks = ranks * w.repeat_interleave(options_.r, -1).to(ranks.scalar_type());
-  return y + torch::linear(ranks, molora_B) * scaling();
+  return y + emoe::linear(ranks, molora_B, {}) * scaling();
 }
 
 }  // namespace emoe
