@@ -551,8 +551,37 @@ TEST(ChunkedLmLoss, MatchesCrossEntropyOfTheLogitsInValueAndGradients) {
   // every label ignored: NaN, as cross_entropy's mean
   EXPECT_TRUE(std::isnan(emoe::chunked_causal_lm_loss(hidden, w, torch::full({b, t}, -100, torch::kLong)).item<double>()));
   EXPECT_TRUE(std::isnan(emoe::causal_lm_loss(torch::linear(hidden, w), torch::full({b, t}, -100, torch::kLong)).item<double>()));
-  // what it leaves to the plain path: bfloat16, autocast
+  // what it leaves to the plain path: bfloat16 tensors; float64 under autocast
   EXPECT_FALSE(emoe::chunked_lm_loss_supported(hidden.to(torch::kBFloat16), w.to(torch::kBFloat16)));
+  // under bf16 autocast: products in bfloat16, softmax and sums in float32 — as autocast's
+  // linear + cross_entropy (the logits rounded to bfloat16 either way)
+  {
+    emoe::PrecisionScope bf16(emoe::Precision::kBf16Mixed, torch::kCPU);
+    EXPECT_FALSE(emoe::chunked_lm_loss_supported(hidden.to(torch::kDouble), w.to(torch::kDouble)));
+    ASSERT_TRUE(emoe::chunked_lm_loss_supported(hidden, w));
+    for (const int64_t chunk : {0, 4}) {
+      auto hd = hidden.detach().clone().requires_grad_(true), wd = w.clone().requires_grad_(true);
+      auto ref = emoe::causal_lm_loss(torch::linear(hd, wd), labels);
+      ASSERT_EQ(ref.scalar_type(), torch::kFloat);
+      auto ref_grads = torch::autograd::grad({ref}, {hd, wd});
+      auto loss = emoe::chunked_causal_lm_loss(hd, wd, labels, chunk);
+      ASSERT_EQ(loss.scalar_type(), torch::kFloat);
+      auto grads = torch::autograd::grad({loss}, {hd, wd});
+      EXPECT_LT(std::abs(loss.item<double>() - ref.item<double>()), 2e-3 * std::abs(ref.item<double>())) << chunk;
+      for (size_t i = 0; i < 2; ++i) {
+        ASSERT_EQ(grads[i].scalar_type(), torch::kFloat);
+        EXPECT_LT(emoe::test::max_abs_diff(grads[i], ref_grads[i]), 2e-2 * ref_grads[i].abs().max().item<double>())
+            << chunk << " " << i;
+      }
+      // and far from the float32 result's rounding: the products did run in bfloat16
+      if (chunk == 0) {
+        at::autocast::set_cpu_enabled(false);
+        auto full = emoe::chunked_causal_lm_loss(hd, wd, labels, chunk);
+        at::autocast::set_cpu_enabled(true);
+        EXPECT_GT(std::abs(full.item<double>() - loss.item<double>()), 1e-7);
+      }
+    }
+  }
 }
 
 TEST(BlockMask, NoPaddingBlocksNothingAndPaddingBlocksItsKeys) {

@@ -23,10 +23,19 @@ int64_t lm_loss_chunk_rows(int64_t rows, int64_t vocab) {
 
 class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
  public:
-  // h [N, H], weight [V, H], target [N] (-100: ignored)
+  // h [N, H], weight [V, H], target [N] (-100: ignored); products in `compute_code` (h's dtype, or
+  // autocast's lower precision: then the logits are rounded to it, as autocast's linear layer
+  // leaves them, and the softmax and the gradients' sums run in h's dtype)
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
-                            const at::Tensor& target, bool need_h, bool need_w, int64_t chunk_rows) {
+                            const at::Tensor& target, bool need_h, bool need_w, int64_t chunk_rows,
+                            int64_t compute_code) {
     RECORD_FUNCTION("emoe::chunked_lm_loss", std::vector<c10::IValue>());
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(
+        c10::DispatchKeySet({c10::DispatchKey::AutocastCPU, c10::DispatchKey::AutocastCUDA}));
+    const auto compute = static_cast<at::ScalarType>(compute_code);
+    const bool lower = compute != h.scalar_type();
+    const auto hp = lower ? h.to(compute) : h;  // the products' operands
+    const auto wp = lower ? weight.to(compute) : weight;
     const int64_t n = h.size(0), vocab = weight.size(0);
     const auto valid = target != -100;
     const auto count = valid.sum().to(h.scalar_type());  // 0: the mean is NaN, as cross_entropy's
@@ -35,14 +44,22 @@ class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
     at::Tensor gw = need_w ? at::empty({vocab, h.size(1)}, h.options()) : at::Tensor();
     auto loss_sum = at::zeros({}, h.options());
     const int64_t chunk = chunk_rows > 0 ? chunk_rows : lm_loss_chunk_rows(n, vocab);
-    at::Tensor logits;
+    at::Tensor logits, low, gw_part;  // low: a chunk's logits / gradient in the compute dtype
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
       const int64_t c = std::min(chunk, n - r0);
-      if (!logits.defined() || logits.size(0) != c) logits = at::empty({c, vocab}, h.options());
+      if (!logits.defined() || logits.size(0) != c) {
+        logits = at::empty({c, vocab}, h.options());
+        if (lower) low = at::empty({c, vocab}, h.options().dtype(compute));
+      }
       const auto hc = h.narrow(0, r0, c);
       const auto vc = valid.narrow(0, r0, c);
       const auto tc = safe_target.narrow(0, r0, c);
-      gemm_out(logits, hc, weight.t());
+      if (lower) {
+        gemm_out(low, hp.narrow(0, r0, c), wp.t());
+        logits.copy_(low);
+      } else {
+        gemm_out(logits, hc, weight.t());
+      }
       // log Σ exp in place, in four passes over the chunk: max; exp(x - max); Σ; then the
       // gradient's scaling (logsumexp and a separate softmax would take twice as many)
       const auto picked = logits.gather(1, tc);
@@ -56,6 +73,22 @@ class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
       const auto w = (vc.to(logits.scalar_type()) / count).unsqueeze(1);
       auto& p = logits.mul_(w / sum);
       p.scatter_add_(1, tc, -w);
+      if (lower) {
+        // the chunk's gradient products in the compute dtype; the weight's summed over chunks
+        // in h's dtype (rounding each chunk's part once, as one product over all rows would)
+        low.copy_(p);
+        if (need_h) {
+          auto part = at::empty({c, h.size(1)}, hp.options());
+          gemm_out(part, low, wp);
+          gh.narrow(0, r0, c).copy_(part);
+        }
+        if (need_w) {
+          if (!gw_part.defined()) gw_part = at::empty({vocab, h.size(1)}, hp.options());
+          gemm_out(gw_part, low.t(), hp.narrow(0, r0, c));
+          r0 == 0 ? gw.copy_(gw_part) : gw.add_(gw_part);
+        }
+        continue;
+      }
       if (need_h) gemm_out(gh.narrow(0, r0, c), p, weight);
       if (need_w) gemm_out(gw, p.t(), hc, at::Tensor(), /*accumulate=*/r0 > 0);
     }
@@ -70,19 +103,33 @@ class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
     const auto& go = grads[0];
     const bool one = go.device().is_cpu() && go.item<double>() == 1.0;
     auto scale = [&](const at::Tensor& g) { return !g.defined() || one ? g : g * go; };
-    return {scale(saved[0]), scale(saved[1]), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {scale(saved[0]), scale(saved[1]), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
+namespace {
+
+// the products' dtype: autocast's where it is on for the tensors' device, else theirs
+at::ScalarType lm_loss_compute_dtype(const at::Tensor& hidden) {
+  if (hidden.device().is_cpu() && at::autocast::is_cpu_enabled()) return at::autocast::get_autocast_cpu_dtype();
+  if (hidden.device().is_cuda() && at::autocast::is_enabled()) return at::autocast::get_autocast_gpu_dtype();
+  return hidden.scalar_type();
+}
+
+}  // namespace
+
 bool chunked_lm_loss_supported(const at::Tensor& hidden, const at::Tensor& weight) {
-  // float32 / float64 only: cross_entropy's reference computes bfloat16 logits in float32
-  return hidden.defined() && weight.defined() && hidden.dim() >= 2 && weight.dim() == 2 &&
-         hidden.size(-1) == weight.size(1) &&
-         (hidden.scalar_type() == at::kFloat || hidden.scalar_type() == at::kDouble) &&
-         hidden.scalar_type() == weight.scalar_type() && hidden.device() == weight.device() &&
-         !at::autocast::is_cpu_enabled() && !at::autocast::is_enabled();
+  // float32 (or float64, without autocast) hidden states and weight: the softmax and the sums run
+  // in their dtype, as cross_entropy's do under autocast
+  if (!(hidden.defined() && weight.defined() && hidden.dim() >= 2 && weight.dim() == 2 &&
+        hidden.size(-1) == weight.size(1) && hidden.scalar_type() == weight.scalar_type() &&
+        hidden.device() == weight.device()))
+    return false;
+  const auto compute = lm_loss_compute_dtype(hidden);
+  return hidden.scalar_type() == at::kFloat ||
+         (hidden.scalar_type() == at::kDouble && compute == at::kDouble);
 }
 
 at::Tensor chunked_causal_lm_loss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
@@ -94,7 +141,7 @@ at::Tensor chunked_causal_lm_loss(const at::Tensor& hidden, const at::Tensor& we
   const auto target = labels.narrow(1, 1, t - 1).reshape({-1}).to(hidden.device(), at::kLong);
   const bool grad = at::GradMode::is_enabled();
   return ChunkedLmLossFn::apply(h, weight, target, grad && h.requires_grad(), grad && weight.requires_grad(),
-                                chunk_rows);
+                                chunk_rows, static_cast<int64_t>(lm_loss_compute_dtype(hidden)));
 }
 
 }  // namespace emoe

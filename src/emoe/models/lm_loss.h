@@ -13,9 +13,10 @@
 
 namespace emoe {
 
-// Whether chunked_causal_lm_loss takes these: float32 (or float64) hidden states and weight on
-// one device, [B, T, H] and [V, H], and no autocast (whose products would run in another dtype
-// than the ones here).
+// Whether chunked_causal_lm_loss takes these: float32 (or float64 without autocast) hidden states
+// and weight on one device, [B, T, H] and [V, H]. Under autocast the products run in its dtype
+// (the logits rounded to it, as autocast's linear layer leaves them) and the softmax, the loss
+// and the gradients' sums in float32, as autocast's cross_entropy does.
 bool chunked_lm_loss_supported(const at::Tensor& hidden, const at::Tensor& weight);
 
 // causal_lm_loss(hidden W^T, labels): hidden [B, T, H], weight [V, H] (any layout), labels
