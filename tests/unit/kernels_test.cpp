@@ -346,6 +346,46 @@ TEST(FusedLinear, EqualsSeparateProjectionsAndFallsBackWithAdapters) {
   EXPECT_EQ(fused[1].sizes(), (std::vector<int64_t>{2, 3, 4}));
 }
 
+TEST(LinearAutocast, AFrozenWeightIsCastOnceAndAgainAfterItChanges) {
+  torch::manual_seed(5);
+  for (bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed ? "Conv1D layout" : "Linear layout");
+    emoe::LinearOptions o;
+    o.in = 6;
+    o.out = 4;
+    o.transposed = transposed;
+    emoe::Linear lin(o);
+    lin->weight.requires_grad_(false);
+    lin->bias.requires_grad_(false);
+    // without autocast: the weight itself
+    EXPECT_EQ(lin->autocast_weight().scalar_type(), torch::kFloat);
+    EXPECT_EQ(lin->autocast_weight().data_ptr(), lin->weight.data_ptr());
+    auto x = torch::randn({3, 6}, torch::requires_grad());
+    emoe::PrecisionScope bf16(emoe::Precision::kBf16Mixed, torch::kCPU);
+    auto y_ref = torch::linear(x, lin->weight_out_in(), lin->bias);  // autocast casts each call
+    auto gx_ref = torch::autograd::grad({y_ref.sum()}, {x})[0];
+    auto w1 = lin->autocast_weight(), w2 = lin->autocast_weight();
+    EXPECT_EQ(w1.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(w1.is_same(w2));  // made once
+    EXPECT_TRUE(torch::equal(w1, lin->weight_out_in().to(torch::kBFloat16)));
+    auto y = lin->forward(x);
+    ASSERT_EQ(y.scalar_type(), y_ref.scalar_type());
+    EXPECT_TRUE(torch::equal(y, y_ref));
+    auto gx = torch::autograd::grad({y.sum()}, {x})[0];
+    EXPECT_LT(emoe::test::max_abs_diff(gx.to(torch::kFloat), gx_ref.to(torch::kFloat)), 1e-6);
+    {  // a changed weight: a new copy
+      torch::NoGradGuard no_grad;
+      lin->weight.mul_(2);
+    }
+    auto w3 = lin->autocast_weight();
+    EXPECT_FALSE(w3.is_same(w1));
+    EXPECT_TRUE(torch::equal(w3, lin->weight_out_in().to(torch::kBFloat16)));
+    // a weight that trains: autocast's own cache applies, the weight itself is used
+    lin->weight.requires_grad_(true);
+    EXPECT_EQ(lin->autocast_weight().scalar_type(), torch::kFloat);
+  }
+}
+
 TEST(Precision, ScopeEnablesAutocastOnlyWhileAliveAndParses) {
   EXPECT_EQ(emoe::parse_precision("bf16-mixed"), emoe::Precision::kBf16Mixed);
   EXPECT_EQ(emoe::parse_precision("fp32"), emoe::Precision::kFp32);

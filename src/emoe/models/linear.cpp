@@ -1,6 +1,7 @@
 // Linear / Conv1D layer used by every architecture.
 #include "emoe/models/linear.h"
 
+#include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
@@ -54,16 +55,33 @@ void LinearImpl::reset_parameters(double std) {
   if (bias.defined()) bias.zero_();
 }
 
+torch::Tensor LinearImpl::autocast_weight() {
+  auto w = weight_out_in();
+  if (weight.requires_grad() || weight.scalar_type() != at::kFloat) return w;
+  c10::optional<at::ScalarType> dtype;
+  if (weight.device().is_cpu() && at::autocast::is_cpu_enabled()) dtype = at::autocast::get_autocast_cpu_dtype();
+  if (weight.device().is_cuda() && at::autocast::is_enabled()) dtype = at::autocast::get_autocast_gpu_dtype();
+  if (!dtype || *dtype == at::kFloat) return w;
+  if (!cast_.defined() || cast_.scalar_type() != *dtype || cast_data_ != weight.data_ptr() ||
+      cast_version_ != static_cast<int64_t>(weight._version())) {
+    torch::NoGradGuard no_grad;
+    cast_ = w.to(*dtype);  // strides preserved: a Conv1D weight's stays a transposed view
+    cast_data_ = weight.data_ptr();
+    cast_version_ = static_cast<int64_t>(weight._version());
+  }
+  return cast_;
+}
+
 torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) {
   // float32 on an AVX-512 CPU: oneDNN's kernels, keeping only what the gradients need
   if (onednn_matmul_enabled(x)) return emoe::linear(x, weight_out_in(), bias);
+  const auto w = autocast_weight();  // [out, in]
   if (frozen_with_input_grad(x, weight, bias))
-    return FrozenLinearFn::apply(x, weight_out_in(),
-                                 bias.defined() ? bias : torch::empty({0}, weight.options()));
-  if (!options_.transposed) return torch::linear(x, weight, bias);
+    return FrozenLinearFn::apply(x, w, bias.defined() ? bias : torch::empty({0}, weight.options()));
+  if (!options_.transposed) return torch::linear(x, w, bias);
   auto sizes = x.sizes().vec();
   auto x2 = x.reshape({-1, options_.in});
-  auto y = bias.defined() ? torch::addmm(bias, x2, weight) : torch::mm(x2, weight);
+  auto y = bias.defined() ? torch::addmm(bias, x2, w.t()) : torch::mm(x2, w.t());
   sizes.back() = options_.out;
   return y.view(sizes);
 }

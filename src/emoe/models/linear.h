@@ -38,6 +38,11 @@ class LinearImpl : public torch::nn::Module {
   torch::Tensor base_forward(const torch::Tensor& x);
   // The weight as [out, in] (a view for Conv1D storage; gradients flow through it).
   torch::Tensor weight_out_in() const;
+  // weight_out_in(), or under autocast for a frozen float32 weight its copy in autocast's dtype,
+  // made once and kept while the weight is unchanged (same storage, same version). Autocast
+  // caches only casts of weights that train, so a frozen layer (LoRA, MoV) would otherwise cast
+  // its weight on every forward and again in every backward pass.
+  torch::Tensor autocast_weight();
   void reset_parameters(double std);  // normal(0, std) weight, zero bias (Hugging Face init)
 
   // Attaches (or with nullptr removes) the adapter. Its direct children and parameters are
@@ -52,6 +57,9 @@ class LinearImpl : public torch::nn::Module {
  private:
   LinearOptions options_;
   std::shared_ptr<LinearAdapter> adapter_;
+  torch::Tensor cast_;          // autocast_weight()'s copy
+  const void* cast_data_ = nullptr;  // the weight's storage and version it was made from
+  int64_t cast_version_ = -1;
 };
 TORCH_MODULE(Linear);
 
