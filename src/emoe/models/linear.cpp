@@ -62,10 +62,11 @@ torch::Tensor LinearImpl::autocast_weight() {
   if (weight.device().is_cpu() && at::autocast::is_cpu_enabled()) dtype = at::autocast::get_autocast_cpu_dtype();
   if (weight.device().is_cuda() && at::autocast::is_enabled()) dtype = at::autocast::get_autocast_gpu_dtype();
   if (!dtype || *dtype == at::kFloat) return w;
-  if (!cast_.defined() || cast_.scalar_type() != *dtype || cast_data_ != weight.data_ptr() ||
-      cast_version_ != static_cast<int64_t>(weight._version())) {
+  if (!cast_.defined() || cast_.scalar_type() != *dtype || !cast_source_.is_same(weight) ||
+      cast_data_ != weight.data_ptr() || cast_version_ != static_cast<int64_t>(weight._version())) {
     torch::NoGradGuard no_grad;
     cast_ = w.to(*dtype);  // strides preserved: a Conv1D weight's stays a transposed view
+    cast_source_ = weight;
     cast_data_ = weight.data_ptr();
     cast_version_ = static_cast<int64_t>(weight._version());
   }

@@ -57,8 +57,9 @@ class LinearImpl : public torch::nn::Module {
  private:
   LinearOptions options_;
   std::shared_ptr<LinearAdapter> adapter_;
-  torch::Tensor cast_;          // autocast_weight()'s copy
-  const void* cast_data_ = nullptr;  // the weight's storage and version it was made from
+  torch::Tensor cast_;         // autocast_weight()'s copy
+  torch::Tensor cast_source_;  // the weight it was made from (held: its address is not reused)
+  const void* cast_data_ = nullptr;  // that weight's storage and version at the time
   int64_t cast_version_ = -1;
 };
 TORCH_MODULE(Linear);
