@@ -22,34 +22,47 @@ __mmask16 tail_mask(int64_t cols) {  // the first `cols` (1..16) lanes
   return cols >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << cols) - 1u);
 }
 
-// c[i, :] (+bias) = Σ_kk a_i[kk] · b[kk, :] for R rows, NV vectors of columns (the last masked)
+// The register tile all three kernels share: acc[i][:] = Σ_t scalar(t, i) · row(t)[:] over
+// t < steps, for R rows i and NV vectors of columns (the last one masked by `tail`).
+template <int R, int NV, class RowAt, class ScalarAt>
+EMOE_AVX512 inline __attribute__((always_inline)) void tile_accumulate(__m512 (&acc)[R][NV], int64_t steps,
+                                                                      __mmask16 tail, const RowAt& row_at,
+                                                                      const ScalarAt& scalar_at) {
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < steps; ++t) {
+    const float* row = row_at(t);
+    __m512 rv[NV];
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v)
+      rv[v] = v + 1 < NV ? _mm512_loadu_ps(row + 16 * v) : _mm512_maskz_loadu_ps(tail, row + 16 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const __m512 av = _mm512_set1_ps(scalar_at(t, i));
+#pragma GCC unroll 3
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(av, rv[v], acc[i][v]);
+    }
+  }
+}
+
+inline __mmask16 vector_mask(int v, int nv, __mmask16 tail) {
+  return v + 1 < nv ? static_cast<__mmask16>(0xFFFF) : tail;
+}
+
+// c[i, :] (+bias) = Σ_kk a_i[kk] · b[kk, :]
 template <int R, int NV>
 EMOE_AVX512 void tile_gather(const float* const* a, int64_t k, const float* b, int64_t ldb, __mmask16 tail,
                              const float* bias, float* c, int64_t ldc) {
   const float* ap[R];
+  for (int i = 0; i < R; ++i) ap[i] = a[i];
   __m512 acc[R][NV];
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i) {
-    ap[i] = a[i];
-#pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
-  }
-  for (int64_t kk = 0; kk < k; ++kk) {
-    const float* bk = b + kk * ldb;
-    __m512 bv[NV];
-#pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v)
-      bv[v] = v + 1 < NV ? _mm512_loadu_ps(bk + 16 * v) : _mm512_maskz_loadu_ps(tail, bk + 16 * v);
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) {
-      const __m512 av = _mm512_set1_ps(ap[i][kk]);
-#pragma GCC unroll 3
-      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
-    }
-  }
+  tile_accumulate<R, NV>(
+      acc, k, tail, [&](int64_t kk) { return b + kk * ldb; }, [&](int64_t kk, int i) { return ap[i][kk]; });
 #pragma GCC unroll 3
   for (int v = 0; v < NV; ++v) {
-    const __mmask16 m = v + 1 < NV ? static_cast<__mmask16>(0xFFFF) : tail;
+    const __mmask16 m = vector_mask(v, NV, tail);
     const __m512 bb = bias ? _mm512_maskz_loadu_ps(m, bias + 16 * v) : _mm512_setzero_ps();
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(c + i * ldc + 16 * v, m, _mm512_add_ps(acc[i][v], bb));
@@ -61,28 +74,13 @@ template <int R, int NV>
 EMOE_AVX512 void tile_scatter(const float* h, int64_t ldh, int64_t s, const float* b, int64_t ldb,
                               __mmask16 tail, float* const* y) {
   __m512 acc[R][NV];
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
-  for (int64_t kk = 0; kk < s; ++kk) {
-    const float* bk = b + kk * ldb;
-    __m512 bv[NV];
-#pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v)
-      bv[v] = v + 1 < NV ? _mm512_loadu_ps(bk + 16 * v) : _mm512_maskz_loadu_ps(tail, bk + 16 * v);
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) {
-      const __m512 av = _mm512_set1_ps(h[i * ldh + kk]);
-#pragma GCC unroll 3
-      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
-    }
-  }
+  tile_accumulate<R, NV>(
+      acc, s, tail, [&](int64_t kk) { return b + kk * ldb; }, [&](int64_t kk, int i) { return h[i * ldh + kk]; });
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 3
     for (int v = 0; v < NV; ++v) {
-      const __mmask16 m = v + 1 < NV ? static_cast<__mmask16>(0xFFFF) : tail;
+      const __mmask16 m = vector_mask(v, NV, tail);
       float* p = y[i] + 16 * v;
       _mm512_mask_storeu_ps(p, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, p), acc[i][v]));
     }
@@ -93,29 +91,13 @@ template <int R, int NV>
 EMOE_AVX512 void tile_wgrad(const float* x, int64_t ldx, const int64_t* tokens, int64_t m, const float* h,
                             int64_t ldh, __mmask16 tail, float* w, int64_t ldw) {
   __m512 acc[R][NV];
+  tile_accumulate<R, NV>(
+      acc, m, tail, [&](int64_t r) { return h + r * ldh; },
+      [&](int64_t r, int i) { return x[tokens[r] * ldx + i]; });
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
-  for (int64_t r = 0; r < m; ++r) {
-    const float* xr = x + tokens[r] * ldx;
-    const float* hr = h + r * ldh;
-    __m512 hv[NV];
-#pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v)
-      hv[v] = v + 1 < NV ? _mm512_loadu_ps(hr + 16 * v) : _mm512_maskz_loadu_ps(tail, hr + 16 * v);
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) {
-      const __m512 av = _mm512_set1_ps(xr[i]);
-#pragma GCC unroll 3
-      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(av, hv[v], acc[i][v]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v)
-      _mm512_mask_storeu_ps(w + i * ldw + 16 * v, v + 1 < NV ? static_cast<__mmask16>(0xFFFF) : tail, acc[i][v]);
+    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(w + i * ldw + 16 * v, vector_mask(v, NV, tail), acc[i][v]);
 }
 
 using GatherTile = void (*)(const float* const*, int64_t, const float*, int64_t, __mmask16, const float*,
