@@ -44,12 +44,14 @@ class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
     at::Tensor gw = need_w ? at::empty({vocab, h.size(1)}, h.options()) : at::Tensor();
     auto loss_sum = at::zeros({}, h.options());
     const int64_t chunk = chunk_rows > 0 ? chunk_rows : lm_loss_chunk_rows(n, vocab);
-    at::Tensor logits, low, gw_part;  // low: a chunk's logits / gradient in the compute dtype
+    // low: a chunk's logits / gradient in the compute dtype; gh_part, gw_part: its products there
+    at::Tensor logits, low, gh_part, gw_part;
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
       const int64_t c = std::min(chunk, n - r0);
       if (!logits.defined() || logits.size(0) != c) {
         logits = at::empty({c, vocab}, h.options());
         if (lower) low = at::empty({c, vocab}, h.options().dtype(compute));
+        if (lower && need_h) gh_part = at::empty({c, h.size(1)}, hp.options());
       }
       const auto hc = h.narrow(0, r0, c);
       const auto vc = valid.narrow(0, r0, c);
@@ -78,9 +80,8 @@ class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
         // in h's dtype (rounding each chunk's part once, as one product over all rows would)
         low.copy_(p);
         if (need_h) {
-          auto part = at::empty({c, h.size(1)}, hp.options());
-          gemm_out(part, low, wp);
-          gh.narrow(0, r0, c).copy_(part);
+          gemm_out(gh_part, low, wp);
+          gh.narrow(0, r0, c).copy_(gh_part);
         }
         if (need_w) {
           if (!gw_part.defined()) gw_part = at::empty({vocab, h.size(1)}, hp.options());
@@ -106,10 +107,6 @@ class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
     return {scale(saved[0]), scale(saved[1]), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
-
-}  // namespace
-
-namespace {
 
 // the products' dtype: autocast's where it is on for the tensors' device, else theirs
 at::ScalarType lm_loss_compute_dtype(const at::Tensor& hidden) {
