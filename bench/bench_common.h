@@ -10,6 +10,8 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+
+#include "emoe/core/torch_compat.h"
 #include <torch/torch.h>
 
 #include "emoe/models/matmul.h"
@@ -119,7 +121,7 @@ class TensorMemory final : public c10::Allocator {
 
   // A 64-byte header in front of each block holds its size (libtorch's raw_allocate needs the
   // data pointer to be the deleter's context); 64 keeps c10's alignment.
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) EMOE_ALLOCATOR_ALLOCATE_CONST override {
     void* base = inner_->raw_allocate(n + kHeader);
     *static_cast<size_t*>(base) = n;
     void* data = static_cast<char*>(base) + kHeader;
@@ -130,6 +132,11 @@ class TensorMemory final : public c10::Allocator {
     return {data, data, &TensorMemory::release, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &TensorMemory::release; }
+#if EMOE_ALLOCATOR_HAS_COPY_DATA
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
 
  private:
   static constexpr size_t kHeader = 64;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "emoe/core/error.h"
+#include "emoe/core/torch_compat.h"
 
 namespace emoe {
 
@@ -42,7 +43,7 @@ namespace {
 class HeapCpuAllocator final : public c10::Allocator {
  public:
   static constexpr size_t kAlign = 64;
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) EMOE_ALLOCATOR_ALLOCATE_CONST override {
     if (n == 0) return {nullptr, nullptr, &HeapCpuAllocator::release, c10::Device(c10::DeviceType::CPU)};
     void* base = n > SIZE_MAX - kAlign ? nullptr : std::malloc(n + kAlign);
     TORCH_CHECK(base != nullptr, "CPU allocator: not enough memory: you tried to allocate ", n, " bytes.");
@@ -52,6 +53,11 @@ class HeapCpuAllocator final : public c10::Allocator {
     return {data, data, &HeapCpuAllocator::release, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &HeapCpuAllocator::release; }
+#if EMOE_ALLOCATOR_HAS_COPY_DATA
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
 
  private:
   static void release(void* data) {

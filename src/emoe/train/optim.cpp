@@ -7,6 +7,9 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <sstream>
+#include <string>
+#include <type_traits>
 
 #include "emoe/core/error.h"
 
@@ -105,12 +108,27 @@ __attribute__((optimize("no-math-errno"))) void adamw_kernel(float* p, const flo
   });
 }
 
+// The key of a parameter's entry in torch::optim::Optimizer::state(), as libtorch's own AdamW
+// makes it (so that its serialisation finds the entries made here): the parameter's TensorImpl
+// address, as text in libtorch 1.13 (c10::guts::to_string), the address itself in 2.x.
+template <typename Key>
+Key optimizer_state_key(const at::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream os;
+    os << p.unsafeGetTensorImpl();
+    return os.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
 }  // namespace
 
 void Optimizer::step() {
   RECORD_FUNCTION("emoe::optimizer_step", std::vector<c10::IValue>());
   torch::NoGradGuard no_grad;
   auto& states = adamw_->state();
+  using StateKey = typename std::remove_reference_t<decltype(states)>::key_type;
   for (auto& group : adamw_->param_groups()) {
     auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
     EMOE_CHECK(!o.amsgrad(), UsageError, "AdamW: amsgrad is not supported");
@@ -118,7 +136,7 @@ void Optimizer::step() {
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const auto& grad = p.grad();
-      const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      const auto key = optimizer_state_key<StateKey>(p);
       auto it = states.find(key);
       if (it == states.end()) {
         auto st = std::make_unique<torch::optim::AdamWParamState>();
