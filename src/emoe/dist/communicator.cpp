@@ -2,7 +2,14 @@
 // (CMakeLists.txt), which is why it is compiled outside the unity batches.
 #include "emoe/dist/communicator.h"
 
+// Gloo's own headers come with Debian's libtorch (libgloo-dev); a libtorch without them (a CUDA
+// machine's PyTorch, say) builds emoe without distributed training, which then says so.
+#if __has_include(<gloo/algorithm.h>)
+#define EMOE_HAVE_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#else
+#define EMOE_HAVE_GLOO 0
+#endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
@@ -31,6 +38,7 @@ std::string collective_failure(const DistOptions& o, const std::string& what, co
       o.rank, o.world_size, what, o.timeout_s, msg);
 }
 
+#if EMOE_HAVE_GLOO
 class GlooPending : public PendingCollective {
  public:
   GlooPending(c10::intrusive_ptr<c10d::Work> work, const DistOptions& o) : work_(std::move(work)), o_(o) {}
@@ -46,6 +54,7 @@ class GlooPending : public PendingCollective {
   c10::intrusive_ptr<c10d::Work> work_;
   DistOptions o_;
 };
+#endif
 
 }  // namespace
 
@@ -70,6 +79,7 @@ DistOptions DistOptions::from_env() {
   return o;
 }
 
+#if EMOE_HAVE_GLOO
 struct Communicator::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
@@ -162,5 +172,35 @@ void Communicator::barrier() {
     throw RuntimeError(collective_failure(options_, "barrier", e));
   }
 }
+
+#else  // no Gloo: a Communicator is never made, so no collective is ever asked for
+
+struct Communicator::Impl {};
+
+Communicator::Communicator(const DistOptions& options) : options_(options) {
+  (void)&collective_failure;
+  EMOE_THROW(UsageError,
+             "distributed training (WORLD_SIZE {}): this emoe was built against a libtorch without "
+             "Gloo's headers, so it has no process group; build it against Debian's libtorch "
+             "(scripts/setup.sh) to train on several processes",
+             options.world_size);
+}
+Communicator::~Communicator() = default;
+std::unique_ptr<PendingCollective> Communicator::all_reduce_sum_async(at::Tensor&) {
+  EMOE_THROW(RuntimeError, "distributed: no process group in this build");
+}
+void Communicator::all_reduce_sum(at::Tensor&) { EMOE_THROW(RuntimeError, "distributed: no process group in this build"); }
+std::vector<double> Communicator::all_reduce_sum(const std::vector<double>&) {
+  EMOE_THROW(RuntimeError, "distributed: no process group in this build");
+}
+void Communicator::broadcast(std::vector<at::Tensor>&, int) {
+  EMOE_THROW(RuntimeError, "distributed: no process group in this build");
+}
+std::vector<std::vector<double>> Communicator::all_gather(const std::vector<double>&) {
+  EMOE_THROW(RuntimeError, "distributed: no process group in this build");
+}
+void Communicator::barrier() { EMOE_THROW(RuntimeError, "distributed: no process group in this build"); }
+
+#endif
 
 }  // namespace emoe
