@@ -7,8 +7,8 @@ using emoe::test::max_abs_diff;
 
 TEST(BertGolden, BaseModelHiddenStatesPoolerAttentions) {
   EMOE_REQUIRE_SHARED(dir, "fixtures/tiny/bert_model");
-  auto fx = emoe::load_safetensors(dir + "/fixture.safetensors");
-  auto model = emoe::load_model(dir);
+  auto fx = emoe::test::load_fixture(dir + "/fixture.safetensors");
+  auto model = emoe::test::load_test_model(dir);
   EXPECT_EQ(model->summary().head, emoe::Head::kBase);
   emoe::ModelInputs in;
   in.input_ids = fx["input_ids"];
@@ -27,8 +27,8 @@ TEST(BertGolden, BaseModelHiddenStatesPoolerAttentions) {
 
 TEST(BertGolden, SequenceClassificationLogitsAndLoss) {
   EMOE_REQUIRE_SHARED(dir, "fixtures/tiny/bert_seqcls");
-  auto fx = emoe::load_safetensors(dir + "/fixture.safetensors");
-  auto model = emoe::load_model(dir);
+  auto fx = emoe::test::load_fixture(dir + "/fixture.safetensors");
+  auto model = emoe::test::load_test_model(dir);
   EXPECT_EQ(model->summary().head, emoe::Head::kSequenceClassification);
   EXPECT_EQ(model->summary().num_labels, 3);
   emoe::ModelInputs in;
@@ -46,8 +46,8 @@ TEST(BertGolden, SequenceClassificationLogitsAndLoss) {
 TEST(BertGolden, BertMiniMaskedLm) {
   EMOE_REQUIRE_SHARED(dir, "models/bert-mini");
   EMOE_REQUIRE_SHARED(fxdir, "fixtures/bert-mini");
-  auto fx = emoe::load_safetensors(fxdir + "/fixture.safetensors");
-  auto model = emoe::load_model(dir);
+  auto fx = emoe::test::load_fixture(fxdir + "/fixture.safetensors");
+  auto model = emoe::test::load_test_model(dir);
   EXPECT_EQ(model->summary().head, emoe::Head::kMaskedLM);
   emoe::ModelInputs in;
   in.input_ids = fx["input_ids"];

@@ -11,8 +11,8 @@ namespace {
 
 // right.* and left.* logits, hidden states and losses of a causal LM fixture.
 void check_lm_fixture(const std::string& dir) {
-  auto fx = emoe::load_safetensors(dir + "/fixture.safetensors");
-  auto model = emoe::load_model(dir);
+  auto fx = emoe::test::load_fixture(dir + "/fixture.safetensors");
+  auto model = emoe::test::load_test_model(dir);
   ASSERT_EQ(model->summary().head, emoe::Head::kCausalLM);
   for (std::string side : {"right", "left"}) {
     SCOPED_TRACE(side);
@@ -93,8 +93,8 @@ TEST(LlamaGolden, LmLogitsHiddenLossGeneration) {
 
 TEST(Gpt2Golden, SequenceClassificationPoolsLastRealToken) {
   EMOE_REQUIRE_SHARED(dir, "fixtures/tiny/gpt2_seqcls");
-  auto fx = emoe::load_safetensors(dir + "/fixture.safetensors");
-  auto model = emoe::load_model(dir);
+  auto fx = emoe::test::load_fixture(dir + "/fixture.safetensors");
+  auto model = emoe::test::load_test_model(dir);
   ASSERT_EQ(model->summary().head, emoe::Head::kSequenceClassification);
   for (std::string side : {"right", "left"}) {
     SCOPED_TRACE(side);

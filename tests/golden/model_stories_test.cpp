@@ -12,8 +12,8 @@ using emoe::test::max_abs_diff;
 TEST(StoriesGolden, LogitsAtAll200Positions) {
   EMOE_REQUIRE_SHARED(dir, "models/stories260K/hf");
   EMOE_REQUIRE_SHARED(fxdir, "fixtures/stories260K");
-  auto fx = emoe::load_safetensors(fxdir + "/fixture.safetensors");
-  auto model = emoe::load_model(dir);
+  auto fx = emoe::test::load_fixture(fxdir + "/fixture.safetensors");
+  auto model = emoe::test::load_test_model(dir);
   emoe::ModelInputs in;
   in.input_ids = fx["bos200.input_ids"];
   auto out = model->forward(in);
@@ -25,11 +25,11 @@ TEST(StoriesGolden, LogitsAtAll200Positions) {
 TEST(StoriesGolden, GreedyFromBosReproducesRunC) {
   EMOE_REQUIRE_SHARED(dir, "models/stories260K/hf");
   EMOE_REQUIRE_SHARED(fxdir, "fixtures/stories260K");
-  auto fx = emoe::load_safetensors(fxdir + "/fixture.safetensors");
-  auto model = emoe::load_model(dir);
+  auto fx = emoe::test::load_fixture(fxdir + "/fixture.safetensors");
+  auto model = emoe::test::load_test_model(dir);
   emoe::GenerateOptions g;
   g.max_new_tokens = 200;  // as run.c -n 200; HF's reference ran with no eos
-  auto ids = emoe::generate(*model, torch::tensor({{1L}}), {}, g);
+  auto ids = emoe::generate(*model, torch::tensor({{1L}}).to(emoe::test::test_device()), {}, g);
   ASSERT_EQ(ids.size(1), 201);
   EXPECT_TRUE(torch::equal(ids.narrow(1, 1, 200), fx["bos200.greedy_next_ids"]));
 }
@@ -37,8 +37,8 @@ TEST(StoriesGolden, GreedyFromBosReproducesRunC) {
 TEST(StoriesGolden, FivePromptsLogitsAndContinuations) {
   EMOE_REQUIRE_SHARED(dir, "models/stories260K/hf");
   EMOE_REQUIRE_SHARED(fxdir, "fixtures/stories260K");
-  auto fx = emoe::load_safetensors(fxdir + "/fixture.safetensors");
-  auto model = emoe::load_model(dir);
+  auto fx = emoe::test::load_fixture(fxdir + "/fixture.safetensors");
+  auto model = emoe::test::load_test_model(dir);
   for (int i = 0; i < 5; ++i) {
     SCOPED_TRACE(i);
     std::string p = "p" + std::to_string(i);

@@ -39,8 +39,8 @@ emoe::ModelInputs t5_fixture_inputs(std::map<std::string, torch::Tensor>& fx) {
 // Every tensor of fixture.safetensors, from one forward with labels only (decoder_input_ids
 // made by shifting them right) and one with the fixture's decoder_input_ids.
 void check_t5_fixture(const std::string& dir) {
-  auto fx = emoe::load_safetensors(dir + "/fixture.safetensors");
-  auto model = emoe::load_model(dir);
+  auto fx = emoe::test::load_fixture(dir + "/fixture.safetensors");
+  auto model = emoe::test::load_test_model(dir);
   ASSERT_EQ(model->summary().head, emoe::Head::kSeq2SeqLM);
   const auto& s = model->summary();
   EXPECT_EQ(s.model_type, "t5");
@@ -117,8 +117,8 @@ TEST(T5Golden, IncrementalDecodingMatchesFullForward) {
   for (std::string rel : {"fixtures/tiny/t5_cg", "fixtures/tiny/t5_v11_cg"}) {
     SCOPED_TRACE(rel);
     EMOE_REQUIRE_SHARED(dir, rel);
-    auto fx = emoe::load_safetensors(dir + "/fixture.safetensors");
-    auto model = emoe::load_model(dir);
+    auto fx = emoe::test::load_fixture(dir + "/fixture.safetensors");
+    auto model = emoe::test::load_test_model(dir);
     torch::NoGradGuard g;
     emoe::ModelInputs in;
     in.input_ids = fx["input_ids"];
@@ -366,8 +366,8 @@ TEST(T5Model, EmoeWithKEqualsNOnEncoderAndDecoderReproducesDense) {
   EMOE_REQUIRE_SHARED(dir, "fixtures/tiny/t5_v11_cg");
   emoe::LoadOptions o;
   o.dtype = torch::kDouble;
-  auto model = emoe::load_model(dir, o);
-  auto fx = emoe::load_safetensors(dir + "/fixture.safetensors");
+  auto model = emoe::test::load_test_model(dir, o);
+  auto fx = emoe::test::load_fixture(dir + "/fixture.safetensors");
   emoe::ModelInputs in;
   in.input_ids = fx["input_ids"];
   in.attention_mask = fx["attention_mask"];
@@ -417,8 +417,8 @@ TEST(T5Generate, BeamSearchIsConsistentAndScoresAtLeastAsWellAsGreedy) {
   for (auto [rel, frequent] : {std::pair<std::string, int64_t>{"fixtures/tiny/t5_cg", 51},
                                {"fixtures/tiny/t5_v11_cg", 11}}) {
     EMOE_REQUIRE_SHARED(dir, rel);
-    auto fx = emoe::load_safetensors(dir + "/fixture.safetensors");
-    auto model = emoe::load_model(dir);
+    auto fx = emoe::test::load_fixture(dir + "/fixture.safetensors");
+    auto model = emoe::test::load_test_model(dir);
     torch::NoGradGuard g;
     auto ids = fx["input_ids"], mask = fx["attention_mask"];
     for (int64_t eos : {int64_t{1}, frequent}) {
@@ -432,7 +432,7 @@ TEST(T5Generate, BeamSearchIsConsistentAndScoresAtLeastAsWellAsGreedy) {
       auto beam = emoe::generate_seq2seq(*model, ids, mask, go);
       ASSERT_EQ(beam.size(0), 2);
       EXPECT_LE(beam.size(1), 9);
-      EXPECT_TRUE(torch::equal(beam.select(1, 0), torch::zeros({2}, torch::kLong)));
+      EXPECT_TRUE(torch::equal(beam.select(1, 0), torch::zeros({2}, ids.options())));
       go.use_cache = false;
       EXPECT_TRUE(torch::equal(emoe::generate_seq2seq(*model, ids, mask, go), beam));
       go.use_cache = true;
@@ -466,14 +466,14 @@ TEST(T5Generate, BeamSearchWithAllTokensAsBeamsFindsTheExhaustiveBest) {
   for (auto [rel, frequent] : {std::pair<std::string, int64_t>{"fixtures/tiny/t5_cg", 51},
                                {"fixtures/tiny/t5_v11_cg", 11}}) {
     EMOE_REQUIRE_SHARED(dir, rel);
-    auto fx = emoe::load_safetensors(dir + "/fixture.safetensors");
-    auto model = emoe::load_model(dir);
+    auto fx = emoe::test::load_fixture(dir + "/fixture.safetensors");
+    auto model = emoe::test::load_test_model(dir);
     torch::NoGradGuard g;
     auto ids = fx["input_ids"], mask = fx["attention_mask"];
     const int64_t vocab = model->forward([&] {
                                    emoe::ModelInputs in;
                                    in.input_ids = ids.narrow(0, 0, 1);
-                                   in.decoder_input_ids = torch::zeros({1, 1}, torch::kLong);
+                                   in.decoder_input_ids = torch::zeros({1, 1}, ids.options());
                                    return in;
                                  }())
                               .logits.size(-1);
@@ -486,7 +486,7 @@ TEST(T5Generate, BeamSearchWithAllTokensAsBeamsFindsTheExhaustiveBest) {
         emoe::ModelInputs in;
         in.input_ids = row_ids.unsqueeze(0).expand({vocab, len}).contiguous();
         in.decoder_input_ids =
-            torch::stack({torch::zeros({vocab}, torch::kLong), torch::arange(vocab)}, 1);
+            torch::stack({torch::zeros({vocab}, ids.options()), torch::arange(vocab, ids.options())}, 1);
         auto logp = torch::log_softmax(model->forward(in).logits.to(torch::kDouble), -1);
         auto lp1 = logp[0][0];
         auto lp2 = logp.select(1, 1);  // [a, b]
@@ -514,7 +514,7 @@ TEST(T5Generate, BeamSearchWithAllTokensAsBeamsFindsTheExhaustiveBest) {
 
 TEST(T5Model, PeftDefaultsAdaptSelfAndCrossAttentionAndTheFfnOutput) {
   EMOE_REQUIRE_SHARED(dir, "fixtures/tiny/t5_v11_cg");
-  auto fx = emoe::load_safetensors(dir + "/fixture.safetensors");
+  auto fx = emoe::test::load_fixture(dir + "/fixture.safetensors");
   emoe::ModelInputs in;
   in.input_ids = fx["input_ids"];
   in.attention_mask = fx["attention_mask"];
@@ -522,7 +522,7 @@ TEST(T5Model, PeftDefaultsAdaptSelfAndCrossAttentionAndTheFfnOutput) {
   for (auto m : {emoe::PeftMethod::kLora, emoe::PeftMethod::kIa3, emoe::PeftMethod::kMov,
                  emoe::PeftMethod::kMolora}) {
     SCOPED_TRACE(emoe::to_string(m));
-    auto model = emoe::load_model(dir);
+    auto model = emoe::test::load_test_model(dir);
     auto adapted = emoe::apply_peft(*model, emoe::PeftConfig::for_method(m, "t5"));
     // 2 encoder self-attentions, 2 decoder self- and 2 cross-attentions: 2 Linear each; (IA)^3
     // and MoV also scale the 4 FFN outputs (wo); MoLoRA adapts q, k, v, o of the 6 attentions

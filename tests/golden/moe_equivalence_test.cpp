@@ -29,7 +29,7 @@ emoe::ModelInputs batch(int64_t vocab, uint64_t seed) {
   in.attention_mask[1].narrow(0, 8, 4).zero_();
   in.attention_mask[2].narrow(0, 5, 7).zero_();
   in.input_ids.masked_fill_(in.attention_mask == 0, 0);
-  return in;
+  return emoe::test::on_test_device(in);
 }
 
 // Equivalence is a property of the method, not of float32 rounding (a permutation reorders the
@@ -37,7 +37,7 @@ emoe::ModelInputs batch(int64_t vocab, uint64_t seed) {
 emoe::ModelPtr load_f64(const std::string& dir) {
   emoe::LoadOptions o;
   o.dtype = torch::kDouble;
-  return emoe::load_model(dir, o);
+  return emoe::test::load_test_model(dir, o);
 }
 
 torch::Tensor output_of(emoe::PretrainedModelImpl& m, const emoe::ModelInputs& in) {
@@ -85,7 +85,7 @@ TEST(MoeEquivalence, PermutationRoundTripIsExact) {
   for (const auto& c : kCases) {
     SCOPED_TRACE(c.dir);
     EMOE_REQUIRE_SHARED(dir, c.dir);
-    auto model = emoe::load_model(dir);
+    auto model = emoe::test::load_test_model(dir);
     auto original = emoe::model_state(*model);
     std::vector<torch::Tensor> copies;
     for (auto& [k, t] : original) copies.push_back(t.clone());
@@ -120,6 +120,7 @@ TEST(MoeEquivalence, RecomposedDenseReproducesPerturbedMoe) {
     emoe::save_moe_model(*model, state, tmp.path());
     emoe::LoadOptions o;
     o.dtype = torch::kDouble;
+    o.device = emoe::test::test_device();
     auto reloaded = emoe::load_any_model(tmp.path(), o);
     EXPECT_LT(max_abs_diff_masked(output_of(*reloaded, in), moe_out, in.attention_mask), 1e-6);
   }

@@ -20,7 +20,7 @@ LoraFixtureCase lora_read_fixture(const std::string& root) {
   LoraFixtureCase f;
   f.root = root;
   f.info = nlohmann::json::parse(std::ifstream(root + "/fixture.json"));
-  f.tensors = emoe::load_safetensors(root + "/fixture.safetensors");
+  f.tensors = emoe::test::load_fixture(root + "/fixture.safetensors");
   // relative to the fixtures folder: "tiny/bert_model"
   f.base_dir = emoe::test::shared_path(
       "fixtures/" + f.info["lora_config"]["base_model_name_or_path"].get<std::string>());
@@ -65,7 +65,7 @@ std::vector<std::string> lora_file_keys(const std::string& path) {
 void lora_check_fixture(const std::string& root) {
   auto f = lora_read_fixture(root);
   ASSERT_FALSE(f.base_dir.empty()) << "base model of " << root << " not found";
-  auto model = emoe::load_model(f.base_dir);
+  auto model = emoe::test::load_test_model(f.base_dir);
   model->eval();
   auto cfg = emoe::load_peft_adapter(*model, root + "/adapter");
   EXPECT_EQ(cfg.method, emoe::PeftMethod::kLora);
@@ -92,7 +92,7 @@ void lora_check_fixture(const std::string& root) {
         "modules_to_save", "base_model_name_or_path", "inference_mode"})
     EXPECT_EQ(ours[field], theirs[field]) << field;
   EXPECT_EQ(ours["task_type"], f.seqcls ? "SEQ_CLS" : "FEATURE_EXTRACTION");
-  auto reloaded = emoe::load_model(f.base_dir);
+  auto reloaded = emoe::test::load_test_model(f.base_dir);
   reloaded->eval();
   emoe::load_peft_adapter(*reloaded, tmp.path());
   auto a = lora_run(*model, f), b = lora_run(*reloaded, f);

@@ -13,7 +13,9 @@
 #include <random>
 #include <sstream>
 
+#include "emoe/core/runtime.h"
 #include "emoe/io/hf_config.h"
+#include "emoe/io/safetensors.h"
 #include "emoe/models/loader.h"
 
 namespace emoe::test {
@@ -80,14 +82,50 @@ CommandResult run_emoe(const std::string& args, const std::string& stdin_text) {
   return r;
 }
 
+torch::Device parse_test_device(const char* value) {
+  const std::string text = value != nullptr && *value != '\0' ? value : "cpu";
+  try {
+    return parse_device(text);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("EMOE_TEST_DEVICE=" + text + ": " + e.what());
+  }
+}
+
+torch::Device test_device() {
+  static const torch::Device device = parse_test_device(std::getenv("EMOE_TEST_DEVICE"));
+  return device;
+}
+
+ModelPtr load_test_model(const std::string& dir, LoadOptions options) {
+  options.device = test_device();
+  return load_model(dir, options);
+}
+
+std::map<std::string, torch::Tensor> load_fixture(const std::string& path) {
+  auto tensors = load_safetensors(path);
+  for (auto& [name, t] : tensors) t = t.to(test_device());
+  return tensors;
+}
+
+ModelInputs on_test_device(ModelInputs in) {
+  for (auto* t : {&in.input_ids, &in.attention_mask, &in.token_type_ids, &in.position_ids, &in.labels,
+                  &in.decoder_input_ids, &in.decoder_attention_mask, &in.encoder_last_hidden_state})
+    if (t->defined()) *t = t->to(test_device());
+  return in;
+}
+
+namespace {
+torch::Tensor cpu_double(const torch::Tensor& t) { return t.to(torch::kCPU, torch::kDouble); }
+}  // namespace
+
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+  return (cpu_double(a) - cpu_double(b)).abs().max().item<double>();
 }
 
 double max_abs_diff_masked(const torch::Tensor& a, const torch::Tensor& b,
                            const torch::Tensor& mask) {
-  auto m = mask.to(torch::kBool);
-  auto d = (a.to(torch::kDouble) - b.to(torch::kDouble)).abs();
+  auto m = mask.to(torch::kCPU, torch::kBool);
+  auto d = (cpu_double(a) - cpu_double(b)).abs();
   auto sel = d.index({m});
   if (sel.numel() == 0) return 0.0;
   return sel.max().item<double>();

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "emoe/models/loader.h"
 #include "emoe/models/model.h"
 
 namespace emoe::test {
@@ -47,7 +48,21 @@ std::vector<double> train_losses(const std::string& run_dir);
 // A seeded 2-layer BERT sequence classifier (hidden 16, d_ff 32, 2 labels) with N(0, 0.3) weights.
 ModelPtr tiny_bert_classifier();
 
-// Max |a - b| over elements (after broadcasting), as a double.
+// The device the golden tests run their models on: EMOE_TEST_DEVICE (cpu, cuda, cuda:N; default
+// cpu), so that one suite checks a CUDA build against the same fixtures (scripts/device_check.sh).
+// A value that names no usable device is an error, not a silent fall back to the CPU.
+torch::Device test_device();
+// test_device()'s parsing of a value (nullptr or "": cpu); throws naming the variable.
+torch::Device parse_test_device(const char* value);
+// load_model with options.device set to test_device().
+ModelPtr load_test_model(const std::string& dir, LoadOptions options = {});
+// A fixture file's tensors on test_device().
+std::map<std::string, torch::Tensor> load_fixture(const std::string& path);
+// in's tensors moved to test_device().
+ModelInputs on_test_device(ModelInputs in);
+
+// Max |a - b| over elements (after broadcasting), as a double; a and b may be on different
+// devices (both are compared on the CPU).
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b);
 // Max |a - b| over positions where mask (B,T) is nonzero; a and b are (B,T,...).
 double max_abs_diff_masked(const torch::Tensor& a, const torch::Tensor& b,

@@ -187,3 +187,26 @@ TEST(ConfigValidation, BertAndGpt2Invariants) {
   msg = error_of([&] { emoe::create_model(emoe::JsonFields(jg, "g/config.json"), emoe::Head::kCausalLM); });
   EXPECT_NE(msg.find("n_embd 32 is not a multiple of n_head 3"), std::string::npos) << msg;
 }
+
+// The golden tests' device (EMOE_TEST_DEVICE, scripts/device_check.sh): CPU by default, an error
+// naming the variable for a device this machine cannot use, never a silent fall back to the CPU.
+TEST(TestSupport, TestDeviceDefaultsToCpuAndNamesTheVariableWhenUnusable) {
+  using emoe::test::parse_test_device;
+  EXPECT_EQ(parse_test_device(nullptr), torch::Device(torch::kCPU));
+  EXPECT_EQ(parse_test_device(""), torch::Device(torch::kCPU));
+  EXPECT_EQ(parse_test_device("cpu"), torch::Device(torch::kCPU));
+  for (const char* bad : {"tpu", torch::cuda::is_available() ? "cuda:x" : "cuda"}) {
+    try {
+      parse_test_device(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("EMOE_TEST_DEVICE=") + bad), std::string::npos) << e.what();
+    }
+  }
+  // the helpers put the model and the fixture's tensors on that device
+  EMOE_REQUIRE_SHARED(dir, "fixtures/tiny/bert_model");
+  auto model = emoe::test::load_test_model(dir);
+  for (const auto& p : model->parameters()) EXPECT_EQ(p.device(), emoe::test::test_device());
+  for (const auto& [name, t] : emoe::test::load_fixture(dir + "/fixture.safetensors"))
+    EXPECT_EQ(t.device(), emoe::test::test_device()) << name;
+}
