@@ -175,13 +175,13 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
   onednn_products.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
-#endif
 
-// Each matrix of t is row- or column-major (what BLAS and oneDNN take without a copy).
+// Each matrix of t is row- or column-major (what oneDNN takes without a copy).
 bool plain_matrices(const at::Tensor& t) {
   const auto n = t.dim();
   return t.stride(n - 1) == 1 || t.stride(n - 2) == 1 || t.size(n - 1) == 1 || t.size(n - 2) == 1;
 }
+#endif
 
 // ATen's products (OpenBLAS on CPU; any dtype and device), writing into out.
 void fallback_gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
