@@ -5,6 +5,7 @@
 
 #include <ATen/autocast_mode.h>
 
+#include "emoe/core/error.h"
 #include "emoe/models/dropout.h"
 #include "emoe/models/activation.h"
 #include "emoe/models/linear.h"

@@ -1,5 +1,6 @@
 // `emoe analyze`: figures and a markdown summary of a run's expert usage and split quality.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 

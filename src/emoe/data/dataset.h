@@ -1,5 +1,6 @@
 // Datasets: GLUE task registry, out-of-domain sets, generic TSV/CSV/JSONL tables, Alpaca, MMLU.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>

@@ -1,5 +1,6 @@
 // Task metrics: accuracy, F1, Matthews correlation, Pearson and Spearman correlation.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>

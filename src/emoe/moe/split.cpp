@@ -82,6 +82,11 @@ void check_expert_count(int64_t d_ff, int64_t experts, const std::string& what) 
              experts, fmt::join(valid, " "));
 }
 
+// GCC 12 warns that a LEMON node or arc "may be used uninitialized" when SmartDigraph's
+// addNode/addArc are inlined here (std::vector<NodeT>::emplace_back of LEMON's own types): a
+// false positive inside the library, silenced for this function alone.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 std::vector<int64_t> balanced_assignment(const at::Tensor& cost, int64_t capacity) {
   const int64_t p = cost.size(0), k = cost.size(1);
   EMOE_CHECK(p == k * capacity, InputError, "balanced assignment: {} points for {} x {} slots", p, k,
@@ -149,6 +154,7 @@ std::vector<int64_t> balanced_assignment(const at::Tensor& cost, int64_t capacit
     arcs = torch::logical_or(arcs, violating);
   }
 }
+#pragma GCC diagnostic pop
 
 double split_inertia(const at::Tensor& keys, const std::vector<int64_t>& assignment,
                      int64_t experts) {

@@ -1,6 +1,7 @@
 // Training a WordPiece vocabulary (BERT vocab.txt) on a text corpus: special tokens, every
 // character seen (alone and as a "##" continuation), then the most frequent words.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 

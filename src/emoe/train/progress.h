@@ -1,6 +1,7 @@
 // Progress display: a one-line bar with loss, lr, it/s and ETA on a terminal; log lines otherwise.
 #pragma once
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 namespace emoe {
