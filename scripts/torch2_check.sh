@@ -5,8 +5,8 @@
 # libtorch-dev is downloaded (apt-get download with a sources list of its own; nothing is
 # installed) and unpacked under a temporary folder, its headers put before Debian 12's.
 #
-#   scripts/torch2_check.sh                  the library, the golden tests' support and suites,
-#                                            bench_train (~25 min on 2 cores)
+#   scripts/torch2_check.sh                  every source: the library, the command line, the
+#                                            test suites, the benchmarks (~40 min on 2 cores)
 #   scripts/torch2_check.sh FILE.cpp ...     just these
 # Prints one OK/FAIL line per file and each failure's first errors; exit 1 if any failed.
 set -uo pipefail
@@ -46,7 +46,7 @@ g++ "${FLAGS[@]}" -x c++-header "$work/pch.h" -o "$work/pch.h.gch" || { echo "to
 if [ $# -gt 0 ]; then
   files=("$@")
 else
-  mapfile -t files < <(find src -name '*.cpp' | sort; ls tests/support/*.cpp tests/golden/*.cpp bench/bench_train.cpp)
+  mapfile -t files < <(find src apps tests bench -name '*.cpp' | sort)
 fi
 export work
 check() {
