@@ -10,10 +10,9 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
-
-#include "emoe/core/torch_compat.h"
 #include <torch/torch.h>
 
+#include "emoe/core/torch_compat.h"
 #include "emoe/models/matmul.h"
 #ifdef EMOE_BENCH_HAS_CUDA_STATS  // defined by bench/CMakeLists.txt when libtorch has c10_cuda
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -30,6 +30,7 @@ int env_int(const char* name, int fallback, int min_value) {
   return static_cast<int>(x);
 }
 
+#if EMOE_HAVE_GLOO
 std::string collective_failure(const DistOptions& o, const std::string& what, const std::exception& e) {
   std::string msg = e.what();
   if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
@@ -38,7 +39,6 @@ std::string collective_failure(const DistOptions& o, const std::string& what, co
       o.rank, o.world_size, what, o.timeout_s, msg);
 }
 
-#if EMOE_HAVE_GLOO
 class GlooPending : public PendingCollective {
  public:
   GlooPending(c10::intrusive_ptr<c10d::Work> work, const DistOptions& o) : work_(std::move(work)), o_(o) {}
@@ -54,6 +54,8 @@ class GlooPending : public PendingCollective {
   c10::intrusive_ptr<c10d::Work> work_;
   DistOptions o_;
 };
+#else
+[[noreturn]] void no_process_group() { EMOE_THROW(RuntimeError, "distributed: no process group in this build"); }
 #endif
 
 }  // namespace
@@ -178,7 +180,6 @@ void Communicator::barrier() {
 struct Communicator::Impl {};
 
 Communicator::Communicator(const DistOptions& options) : options_(options) {
-  (void)&collective_failure;
   EMOE_THROW(UsageError,
              "distributed training (WORLD_SIZE {}): this emoe was built against a libtorch without "
              "Gloo's headers, so it has no process group; build it against Debian's libtorch "
@@ -186,20 +187,12 @@ Communicator::Communicator(const DistOptions& options) : options_(options) {
              options.world_size);
 }
 Communicator::~Communicator() = default;
-std::unique_ptr<PendingCollective> Communicator::all_reduce_sum_async(at::Tensor&) {
-  EMOE_THROW(RuntimeError, "distributed: no process group in this build");
-}
-void Communicator::all_reduce_sum(at::Tensor&) { EMOE_THROW(RuntimeError, "distributed: no process group in this build"); }
-std::vector<double> Communicator::all_reduce_sum(const std::vector<double>&) {
-  EMOE_THROW(RuntimeError, "distributed: no process group in this build");
-}
-void Communicator::broadcast(std::vector<at::Tensor>&, int) {
-  EMOE_THROW(RuntimeError, "distributed: no process group in this build");
-}
-std::vector<std::vector<double>> Communicator::all_gather(const std::vector<double>&) {
-  EMOE_THROW(RuntimeError, "distributed: no process group in this build");
-}
-void Communicator::barrier() { EMOE_THROW(RuntimeError, "distributed: no process group in this build"); }
+std::unique_ptr<PendingCollective> Communicator::all_reduce_sum_async(at::Tensor&) { no_process_group(); }
+void Communicator::all_reduce_sum(at::Tensor&) { no_process_group(); }
+std::vector<double> Communicator::all_reduce_sum(const std::vector<double>&) { no_process_group(); }
+void Communicator::broadcast(std::vector<at::Tensor>&, int) { no_process_group(); }
+std::vector<std::vector<double>> Communicator::all_gather(const std::vector<double>&) { no_process_group(); }
+void Communicator::barrier() { no_process_group(); }
 
 #endif
 
