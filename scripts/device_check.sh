@@ -97,10 +97,10 @@ run_stage() {  # name, seconds, command...
 }
 
 if [[ " $STAGES " == *" build "* ]]; then
-  # the kit's headers as system headers; no oneDNN (a CPU library; the CUDA run needs none);
-  # tests listed when they run, not at build time
+  # no oneDNN (a CPU library; the CUDA run needs none); tests listed when they run, not at
+  # build time
   run_stage configure "$CONFIGURE_LIMIT" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CXX_STANDARD="$CXX_STD" -DCMAKE_CXX_FLAGS="-isystem $KIT/root/usr/include" \
+    -DCMAKE_CXX_STANDARD="$CXX_STD" \
     -DCMAKE_PREFIX_PATH="${TORCH_PREFIX:+$TORCH_PREFIX;}$KIT/root/usr" \
     -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST \
     -DEMOE_USE_ONEDNN=OFF "${PKG_CONFIG_ARG[@]}" || { tail -30 "$STAGE_LOG"; exit 1; }
