@@ -2,17 +2,26 @@
 // k/N = 1/2, 1/4, 1/8. Prints times and ratios measured in the same run: for each row the three
 // are timed in turn, step after step, and each column is the median of its steps, so that the
 // machine's load changes all three alike.
+// Usage: bench_ffn [--tokens 2048] [--reps 5] [--precision fp32|bf16] [--device cpu|cuda]
+//        (the older positional form `bench_ffn TOKENS REPS` still works)
 #include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <vector>
 
+#include "emoe/core/error.h"
 #include "emoe/core/logging.h"
 #include "emoe/core/runtime.h"
 #include "emoe/models/loader.h"
 #include "emoe/moe/convert.h"
+#include "emoe/train/precision.h"
 
 namespace {
+
+constexpr const char* kUsage =
+    "usage: bench_ffn [--tokens N] [--reps R] [--precision fp32|bf16] [--device cpu|cuda]\n"
+    "  one BERT-base FFN (768 x 3072) forward+backward: dense, EMoE masked and EMoE dispatched\n"
+    "  at N 64 and 16, k/N 1/2, 1/4, 1/8; medians of R steps after one warm-up (defaults 2048, 5)\n";
 
 double time_once(const std::function<void()>& f) {
   auto t0 = std::chrono::steady_clock::now();
@@ -26,58 +35,112 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+int64_t positive(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  EMOE_CHECK(used == text.size() && v >= 1, UsageError, "{}: expected a positive integer, got '{}'", flag,
+             text);
+  return v;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   emoe::ensure_runtime_environment(argc, argv);
+  int64_t tokens = 2048, reps = 5;
+  std::string precision_text = "fp32", device_text = "cpu";
+  emoe::Precision precision = emoe::Precision::kFp32;
+  c10::Device device(c10::kCPU);
+  try {
+    std::vector<std::string> positional;
+    for (int i = 1; i < argc; ++i) {
+      const std::string k = argv[i];
+      auto next = [&]() -> std::string {
+        EMOE_CHECK(i + 1 < argc, UsageError, "{}: expected a value", k);
+        return argv[++i];
+      };
+      if (k == "--help" || k == "-h") {
+        std::cout << kUsage;
+        return 0;
+      } else if (k == "--tokens") {
+        tokens = positive(k, next());
+      } else if (k == "--reps") {
+        reps = positive(k, next());
+      } else if (k == "--precision") {
+        precision_text = next();
+      } else if (k == "--device") {
+        device_text = next();
+      } else if (!k.empty() && k[0] != '-') {
+        positional.push_back(k);
+      } else {
+        EMOE_THROW(UsageError, "unknown argument '{}'", k);
+      }
+    }
+    EMOE_CHECK(positional.size() <= 2, UsageError, "expected at most two positional arguments (TOKENS REPS)");
+    if (!positional.empty()) tokens = positive("TOKENS", positional[0]);
+    if (positional.size() > 1) reps = positive("REPS", positional[1]);
+    precision = emoe::parse_precision(precision_text);
+    device = emoe::parse_device(device_text);
+  } catch (const std::exception& e) {
+    std::cerr << "bench_ffn: error: " << e.what() << " (bench_ffn --help for usage)\n";
+    return 2;
+  }
   emoe::configure_threads(0);
   emoe::init_logging(0);
-  const int64_t d = 768, d_ff = 3072, tokens = argc > 1 ? std::atoll(argv[1]) : 2048;
-  const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
+  const int64_t d = 768, d_ff = 3072;
   nlohmann::json cfg = {{"model_type", "bert"}, {"hidden_size", d}, {"intermediate_size", d_ff},
                         {"num_hidden_layers", 1}, {"num_attention_heads", 12}, {"vocab_size", 100},
                         {"max_position_embeddings", 512}};
   torch::manual_seed(0);
   auto model = emoe::create_model(emoe::JsonFields(cfg, "bench"), emoe::Head::kBase);
+  model->to(device);
   auto* slot = model->ffn_slots()[0];
-  auto x = torch::randn({tokens, d}, torch::requires_grad());
+  auto x = torch::randn({tokens, d}, torch::TensorOptions().device(device).requires_grad(true));
   auto step = [&] {
     model->zero_grad();
+    emoe::PrecisionScope scope(precision, device);
     auto y = slot->run_ffn(x, {});
     y.sum().backward();
+    if (device.is_cuda()) (void)x.grad().sum().item<double>();  // waits for the device
   };
   std::cout << "FFN " << d << " x " << d_ff << ", " << tokens << " tokens, forward+backward, "
-            << emoe::configure_threads(0) << " threads\n";
+            << emoe::to_string(precision) << ", " << device_text << ", " << emoe::configure_threads(0)
+            << " threads\n";
   std::cout << "| N | k/N | dense (ms) | masked (ms) | dispatched (ms) | masked/dense | dispatched/dense | dispatched/masked |\n"
                "|---|---|---|---|---|---|---|---|\n";
   for (int64_t experts : {64, 16}) {
-  auto c = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
-  c.experts = experts;
-  c.layers = {0};
-  c.split = "random";
-  c.topk = 1;
-  model->ffn_slots()[0]->set_plug(nullptr);
-  emoe::convert_to_moe(*model, c);
-  auto* plug = emoe::moe_plugs(*model)[0];
-  for (int64_t div : {2, 4, 8}) {
-    plug->mutable_config().topk = experts / div;
-    std::vector<double> td, tm, tx;
-    for (int r = -1; r < reps; ++r) {  // r = -1: warm-up of each
-      plug->set_dense_override(true);
-      const double a = time_once(step);
-      plug->set_dense_override(false);
-      plug->mutable_config().execution = emoe::Execution::kMasked;
-      const double b = time_once(step);
-      plug->mutable_config().execution = emoe::Execution::kDispatched;
-      const double c2 = time_once(step);
-      if (r < 0) continue;
-      td.push_back(a), tm.push_back(b), tx.push_back(c2);
+    auto c = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
+    c.experts = experts;
+    c.layers = {0};
+    c.split = "random";
+    c.topk = 1;
+    model->ffn_slots()[0]->set_plug(nullptr);
+    emoe::convert_to_moe(*model, c);
+    auto* plug = emoe::moe_plugs(*model)[0];
+    for (int64_t div : {2, 4, 8}) {
+      plug->mutable_config().topk = experts / div;
+      std::vector<double> td, tm, tx;
+      for (int64_t r = -1; r < reps; ++r) {  // r = -1: warm-up of each
+        plug->set_dense_override(true);
+        const double a = time_once(step);
+        plug->set_dense_override(false);
+        plug->mutable_config().execution = emoe::Execution::kMasked;
+        const double b = time_once(step);
+        plug->mutable_config().execution = emoe::Execution::kDispatched;
+        const double c2 = time_once(step);
+        if (r < 0) continue;
+        td.push_back(a), tm.push_back(b), tx.push_back(c2);
+      }
+      const double dense = median(td), masked = median(tm), disp = median(tx);
+      std::cout << fmt::format("| {} | 1/{} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | {:.2f} |\n", experts,
+                               div, dense * 1e3, masked * 1e3, disp * 1e3, masked / dense, disp / dense,
+                               disp / masked);
     }
-    const double dense = median(td), masked = median(tm), disp = median(tx);
-    std::cout << fmt::format("| {} | 1/{} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | {:.2f} |\n",
-                             experts, div, dense * 1e3, masked * 1e3, disp * 1e3, masked / dense,
-                             disp / dense, disp / masked);
-  }
   }
   return 0;
 }

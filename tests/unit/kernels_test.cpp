@@ -12,6 +12,7 @@
 #include "emoe/models/loader.h"
 #include "emoe/moe/convert.h"
 #include "emoe/moe/expert_ffn.h"
+#include "emoe/moe/expert_kernels.h"
 #include "emoe/moe/segment_linear.h"
 #include "emoe/train/optim.h"
 #include "emoe/train/precision.h"
@@ -179,6 +180,129 @@ TEST(ExpertFfn, Float32RegisterTileKernelsMatchTheDefinitionAndTheLibraryPath) {
           }
         }
       }
+  }
+}
+
+// The bfloat16 kernels themselves (expert_kernels.h) against float64 products of the same bf16
+// values: products exact and summed in float32, so the float32 outputs agree to float32 rounding
+// and the bf16 outputs to one bf16 rounding. Odd k (37, a pair split at each row's end, rows
+// starting at odd addresses), odd s (43: a half pair), odd row counts (a half pair of tokens in
+// the weight gradients), an expert without rows, column tails, weights in both layouts.
+TEST(ExpertKernels, Bfloat16ProductsMatchFloat64) {
+  if (!emoe::expert_kernels::bf16_available())
+    GTEST_SKIP() << "this CPU has no AVX-512 BF16: the bfloat16 experts use the library path here";
+  torch::manual_seed(12);
+  const int64_t n = 23, d = 37;
+  const std::vector<int64_t> counts = {13, 0, 3, 17, 8};
+  const int64_t e = static_cast<int64_t>(counts.size()), rows = 41;
+  std::vector<torch::Tensor> segs;
+  for (auto c : counts) segs.push_back(torch::randperm(n, torch::kLong).narrow(0, 0, c));
+  auto tokens = torch::cat(segs);
+  auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
+  auto bf16 = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).contiguous(); };
+  auto f64 = [](const torch::Tensor& t) { return t.to(torch::kDouble); };
+  const int64_t* tok = tokens.data_ptr<int64_t>();
+  for (int64_t s : {5, 43, 50}) {
+    SCOPED_TRACE("s " + std::to_string(s));
+    auto x = bf16(torch::randn({n, d})), h = bf16(torch::randn({rows, s}));
+    auto w_rows = bf16(torch::randn({e * s, d}));  // neuron rows [E·s, d]
+    auto w_cols = bf16(torch::randn({d, e * s}));  // neuron columns [d, E·s]
+    auto bias = torch::randn({e * s});
+    // the definition: expert j's rows of x (or h) times its block, in float64
+    auto gathered = f64(x).index_select(0, tokens);  // [rows, d]
+    auto block_product = [&](const torch::Tensor& a, const torch::Tensor& w_ds, int64_t j, int64_t off) {
+      return a.narrow(0, off, counts[j]).mm(f64(w_ds).narrow(1, j * s, s));  // w_ds [d, E·s]
+    };
+    for (bool neuron_rows : {true, false}) {
+      SCOPED_TRACE(neuron_rows ? "neuron rows" : "neuron columns");
+      const auto& w = neuron_rows ? w_rows : w_cols;
+      auto w_ds = neuron_rows ? w_rows.t() : w_cols;  // as [d, E·s]
+      // gather: c[r] = bf16(x[tokens[r]] · block_j + bias_j)
+      auto c = torch::empty({rows, s}, torch::kBFloat16);
+      emoe::expert_kernels::gather_gemm_bf16(bits(x), d, d, tok, counts, s, bits(w), neuron_rows ? 1 : e * s,
+                                             neuron_rows ? d : 1, bias.data_ptr<float>(),
+                                             reinterpret_cast<uint16_t*>(c.data_ptr<at::BFloat16>()));
+      std::vector<torch::Tensor> parts;
+      for (int64_t j = 0, off = 0; j < e; off += counts[j], ++j)
+        parts.push_back(block_product(gathered, w_ds, j, off) + f64(bias).narrow(0, j * s, s));
+      auto want = torch::cat(parts);
+      // within one rounding to bf16 (2^-8 of the value) plus float32 summation
+      auto err = (f64(c) - want).abs() - want.abs() * std::ldexp(1.0, -8) - 1e-5 * want.abs().max();
+      EXPECT_LE(err.max().item<double>(), 0.0);
+      // scatter: y[tokens[r]] += h[r] · block_jᵀ (block_j as [s, d]), on top of what y held
+      auto y0 = torch::randn({n, d});
+      auto y = y0.clone();
+      emoe::expert_kernels::scatter_gemm_bf16(bits(h), tok, counts, s, bits(w), neuron_rows ? d : 1,
+                                              neuron_rows ? 1 : e * s, d, y.data_ptr<float>(), d);
+      auto want_y = f64(y0);
+      for (int64_t j = 0, off = 0; j < e; off += counts[j], ++j)
+        want_y.index_add_(0, tokens.narrow(0, off, counts[j]),
+                          f64(h).narrow(0, off, counts[j]).mm(f64(w_ds).narrow(1, j * s, s).t()));
+      EXPECT_LT(emoe::test::max_abs_diff(y, want_y), 1e-5 * want_y.abs().max().item<double>());
+    }
+    // weight gradient: block j of w = Σ_r x[tokens[r]]ᵀ h[r], zero for the row-less expert
+    auto wg = torch::full({d, e * s}, 7.0f);
+    emoe::expert_kernels::gather_weight_grad_bf16(bits(x), d, d, tok, counts, s, bits(h), wg.data_ptr<float>(), e * s);
+    std::vector<torch::Tensor> blocks;
+    for (int64_t j = 0, off = 0; j < e; off += counts[j], ++j)
+      blocks.push_back(gathered.narrow(0, off, counts[j]).t().mm(f64(h).narrow(0, off, counts[j])));
+    auto want_wg = torch::cat(blocks, 1);
+    EXPECT_LT(emoe::test::max_abs_diff(wg, want_wg), 1e-5 * want_wg.abs().max().item<double>());
+    EXPECT_EQ(wg.narrow(1, s, s).abs().max().item<double>(), 0.0);
+  }
+}
+
+// dispatched_expert_ffn in bfloat16 (summed in float32, as under autocast) through the bf16
+// kernels, against the library-GEMM path and the definition in float64, values and gradients.
+TEST(ExpertFfn, Bfloat16RegisterTileKernelsMatchTheLibraryPath) {
+  if (!emoe::expert_kernels_used(torch::zeros({1}, torch::kBFloat16)))
+    GTEST_SKIP() << "this CPU has no AVX-512 BF16: the bfloat16 experts use the library path here";
+  torch::manual_seed(13);
+  const int64_t n = 21, d = 37;
+  const std::vector<int64_t> counts = {13, 0, 3, 17, 8};
+  const int64_t e = static_cast<int64_t>(counts.size()), rows = 41;
+  std::vector<torch::Tensor> segs;
+  for (auto c : counts) segs.push_back(torch::randperm(n, torch::kLong).narrow(0, 0, c));
+  auto tokens = torch::cat(segs);
+  for (int64_t s : {5, 43}) {
+    for (bool gated : {false, true}) {
+      const bool bias = !gated, weighted = gated;
+      SCOPED_TRACE("s " + std::to_string(s) + (gated ? " gated weighted" : " bias"));
+      const auto act = gated ? emoe::Activation::kSilu : emoe::Activation::kGeluErf;
+      auto bf = [](const torch::Tensor& t) { return t.to(torch::kBFloat16); };
+      auto x = bf(torch::randn({n, d})), go = torch::randn({n, d});
+      auto w_in = bf(torch::randn({e * s, d}) * 0.3), w_out = bf(torch::randn({d, e * s}) * 0.3);
+      auto b_in = bias ? bf(torch::randn({e * s})) : torch::Tensor();
+      auto w_up = gated ? bf(torch::randn({e * s, d}) * 0.3) : torch::Tensor();
+      auto weights = weighted ? bf(torch::rand({rows})) : torch::Tensor();
+      // mode 0: definition in float64; 1: bf16 kernels; 2: bf16 library path
+      auto run = [&](int mode) {
+        auto leaf = [&](const torch::Tensor& t) {
+          return t.defined() ? (mode == 0 ? t.to(torch::kDouble) : t).clone().requires_grad_(true) : torch::Tensor();
+        };
+        auto xx = leaf(x), wi = leaf(w_in), bi = leaf(b_in), wu = leaf(w_up), wo = leaf(w_out), ww = leaf(weights);
+        const bool before = emoe::set_expert_kernels(mode == 1);
+        auto y = mode == 0 ? kernels_expert_reference(xx, tokens, counts, ww, wi, bi, wu, wo, act)
+                           : emoe::dispatched_expert_ffn(xx, tokens, counts, ww, wi, bi, wu, wo, act,
+                                                         int64_t{16} << 20, torch::kFloat);
+        (y * go.to(y.scalar_type())).sum().backward();
+        emoe::set_expert_kernels(before);
+        auto grad = [](const torch::Tensor& t) {
+          return t.defined() ? t.grad().to(torch::kDouble) : torch::zeros({1}, torch::kDouble);
+        };
+        return std::vector<torch::Tensor>{y.detach().to(torch::kDouble), grad(xx), grad(wi), grad(bi),
+                                          grad(wu), grad(wo), grad(ww)};
+      };
+      auto ref = run(0), ours = run(1), lib = run(2);
+      ASSERT_EQ(ours[0].size(1), d);
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double scale = std::max(1.0, ref[i].abs().max().item<double>());
+        EXPECT_LT(emoe::test::max_abs_diff(ours[i], ref[i]) / scale, 2e-2) << i;
+        EXPECT_LT(emoe::test::max_abs_diff(ours[i], lib[i]) / scale, 2e-2) << i;
+      }
+      EXPECT_EQ(ours[2].narrow(0, s, s).abs().max().item<double>(), 0.0);
+      EXPECT_EQ(ours[5].narrow(1, s, s).abs().max().item<double>(), 0.0);
+    }
   }
 }
 

@@ -43,13 +43,70 @@ at::Tensor opt(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? t : 
 
 std::atomic<bool> kernels_enabled{true};
 
-// The register-tile kernels (expert_kernels.h) take float32 CPU tensors summed in float32.
-bool use_kernels(const at::Tensor& x, at::ScalarType acc) {
-  return kernels_enabled.load() && x.device().is_cpu() && x.scalar_type() == at::kFloat && acc == at::kFloat &&
-         expert_kernels::available();
+// The register-tile kernels (expert_kernels.h): float32 CPU tensors summed in float32 (AVX-512),
+// or bfloat16 ones summed in float32 (AVX-512 BF16: autocast's dispatched experts).
+enum class Kernels { kNone, kFloat, kBf16 };
+
+Kernels kernel_kind(const at::Tensor& x, at::ScalarType acc) {
+  if (!kernels_enabled.load() || !x.device().is_cpu() || acc != at::kFloat) return Kernels::kNone;
+  if (x.scalar_type() == at::kFloat && expert_kernels::available()) return Kernels::kFloat;
+  if (x.scalar_type() == at::kBFloat16 && expert_kernels::bf16_available()) return Kernels::kBf16;
+  return Kernels::kNone;
 }
 
 const float* fptr(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+const uint16_t* bptr(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); }
+uint16_t* bptr_mut(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+// The kernels on tensors. Weights come in two layouts: "neuron rows" [E·s, d] (w_in, w_up) and
+// "neuron columns" [d, E·s] (w_out); expert j's block is its s neurons. x, h, y contiguous.
+// out[r, :] = x[tokens[r]] · block_jᵀ (+ bias): out [rows, s] in x's dtype.
+void gather_products(Kernels kind, const at::Tensor& x, const at::Tensor& tok, const std::vector<int64_t>& counts,
+                     int64_t s, const at::Tensor& w, bool neuron_rows, const at::Tensor& bias, at::Tensor& out) {
+  const int64_t d = x.size(1), es = static_cast<int64_t>(counts.size()) * s;
+  auto bc = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();  // float32 in both kinds
+  if (kind == Kernels::kFloat) {
+    auto b = neuron_rows ? w.t().contiguous() : w.contiguous();  // [d, E·s]: block j a row-major panel
+    expert_kernels::gather_gemm(fptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, fptr(b), es, fptr(bc),
+                                out.data_ptr<float>());
+  } else {
+    auto b = w.contiguous();
+    expert_kernels::gather_gemm_bf16(bptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, bptr(b),
+                                     neuron_rows ? 1 : es, neuron_rows ? d : 1, fptr(bc), bptr_mut(out));
+  }
+}
+
+// y[tokens[r], :] += h[r] · block_j, y float32 [n, d]
+void scatter_products(Kernels kind, const at::Tensor& h, const at::Tensor& tok, const std::vector<int64_t>& counts,
+                      int64_t s, const at::Tensor& w, bool neuron_rows, at::Tensor& y) {
+  const int64_t d = y.size(1), es = static_cast<int64_t>(counts.size()) * s;
+  if (kind == Kernels::kFloat) {
+    auto b = neuron_rows ? w.contiguous() : w.t().contiguous();  // [E·s, d]
+    expert_kernels::scatter_gemm(h.data_ptr<float>(), tok.data_ptr<int64_t>(), counts, s, fptr(b), d, d,
+                                 y.data_ptr<float>(), d);
+  } else {
+    auto b = w.contiguous();
+    expert_kernels::scatter_gemm_bf16(bptr(h), tok.data_ptr<int64_t>(), counts, s, bptr(b), neuron_rows ? d : 1,
+                                      neuron_rows ? 1 : es, d, y.data_ptr<float>(), d);
+  }
+}
+
+// dest [d, E·s] (any dtype and strides): column block j = Σ over expert j's rows r of
+// x[tokens[r]]ᵀ h[r], summed in float32 (written in place when dest is contiguous float32)
+void weight_grad_products(Kernels kind, const at::Tensor& x, const at::Tensor& tok, const std::vector<int64_t>& counts,
+                          int64_t s, const at::Tensor& h, at::Tensor dest) {
+  const int64_t d = x.size(1), es = static_cast<int64_t>(counts.size()) * s;
+  const bool direct = dest.scalar_type() == at::kFloat && dest.is_contiguous();
+  auto t = direct ? dest : torch::empty({d, es}, x.options().dtype(at::kFloat));
+  auto hc = h.contiguous();
+  if (kind == Kernels::kFloat)
+    expert_kernels::gather_weight_grad(fptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, fptr(hc),
+                                       t.data_ptr<float>(), es);
+  else
+    expert_kernels::gather_weight_grad_bf16(bptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, bptr(hc),
+                                            t.data_ptr<float>(), es);
+  if (!direct) dest.copy_(t);
+}
 
 // Consecutive experts whose rows are gathered and scattered together: one index_select and one
 // index_add per group rather than per expert (in one profile of a BERT-base FFN at N 64, the
@@ -104,30 +161,22 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     ctx->saved_data["has_b_in"] = b_in.defined();
     ctx->saved_data["group_bytes"] = group_bytes;
     ctx->saved_data["acc"] = acc_code;
-    if (use_kernels(x, acc)) {
-      // gathers and scatters inside the products; the weights transposed once so that each
-      // expert's block is a row-major [d, s] (w_in, w_up) or [s, d] (w_out) panel
+    if (const auto kind = kernel_kind(x, acc); kind != Kernels::kNone) {
+      // gathers and scatters inside the products
       auto tok = tokens.contiguous();
       auto pre = torch::empty({rows, s}, x.options());
-      auto wt_in = w_in.t().contiguous();
-      auto bc = b_in.defined() ? b_in.contiguous() : at::Tensor();
-      expert_kernels::gather_gemm(fptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, fptr(wt_in), e * s,
-                                  fptr(bc), pre.data_ptr<float>());
+      gather_products(kind, x, tok, counts, s, w_in, /*neuron_rows=*/true, b_in, pre);
       at::Tensor up;
       if (w_up.defined()) {
         up = torch::empty({rows, s}, x.options());
-        auto wt_up = w_up.t().contiguous();
-        expert_kernels::gather_gemm(fptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, fptr(wt_up), e * s,
-                                    nullptr, up.data_ptr<float>());
+        gather_products(kind, x, tok, counts, s, w_up, true, {}, up);
       }
       auto h = torch::empty({rows, s}, x.options());
       activation_out(h, pre, act);
       if (up.defined()) h.mul_(up);
       if (weights.defined()) h.mul_(weights.unsqueeze(1));
-      auto out = torch::zeros({n, d}, x.options());
-      auto wt_out = w_out.t().contiguous();
-      expert_kernels::scatter_gemm(h.data_ptr<float>(), tok.data_ptr<int64_t>(), counts, s, fptr(wt_out), d,
-                                   d, out.data_ptr<float>(), d);
+      auto out = torch::zeros({n, d}, x.options().dtype(acc));
+      scatter_products(kind, h, tok, counts, s, w_out, /*neuron_rows=*/false, out);
       ctx->save_for_backward({x, w_in, w_up_e, w_out, weights_e, tok, pre,
                               up.defined() ? up : torch::empty({0}, x.options())});
       return out;
@@ -208,7 +257,8 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     at::Tensor g_w_out = need_w_out ? torch::empty(w_out.sizes(), o) : at::Tensor();
     const auto groups = expert_groups(counts, d * static_cast<int64_t>(x.element_size()),
                                       ctx->saved_data["group_bytes"].toInt());
-    const bool kernels = use_kernels(x, acc);
+    const auto kind = kernel_kind(x, acc);
+    const bool kernels = kind != Kernels::kNone;
     auto buf = kernels ? at::Tensor() : torch::empty({largest_group(groups), d}, o);
     // recomputed rather than kept: a = act(pre), h = a (⊙ up), hw = h (· weight)
     auto a = torch::empty({rows, s}, o);
@@ -219,12 +269,8 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     auto gh = torch::empty({rows, s}, o);
     const auto tok = kernels ? tokens.contiguous() : tokens;
     if (kernels) {
-      auto w_out_c = w_out.contiguous();  // expert j's block: columns j·s.. = a [d, s] panel
-      expert_kernels::gather_gemm(fptr(g), d, d, tok.data_ptr<int64_t>(), counts, s, fptr(w_out_c), e * s,
-                                  nullptr, gh.data_ptr<float>());
-      if (need_w_out)
-        expert_kernels::gather_weight_grad(fptr(g), d, d, tok.data_ptr<int64_t>(), counts, s,
-                                           fptr(hw.contiguous()), g_w_out.data_ptr<float>(), e * s);
+      gather_products(kind, g, tok, counts, s, w_out, /*neuron_rows=*/false, {}, gh);
+      if (need_w_out) weight_grad_products(kind, g, tok, counts, s, hw, g_w_out);
     }
     for (const auto& grp : kernels ? std::vector<ExpertGroup>{} : groups) {
       for (int64_t j = grp.first; j < grp.end; ++j)
@@ -271,20 +317,11 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     // and each expert's input gradient replaces its (used) input rows in the buffer
     if (kernels) {
       // the weight gradients come out as [d, E·s] (expert j's columns j·s..), transposed once
-      auto weight_grad = [&](at::Tensor& out, const at::Tensor& gy) {
-        auto t = torch::empty({d, e * s}, o);
-        expert_kernels::gather_weight_grad(fptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, fptr(gy),
-                                           t.data_ptr<float>(), e * s);
-        out.copy_(t.t());
-      };
-      if (need_w_in) weight_grad(g_w_in, g_pre);
-      if (need_w_up) weight_grad(g_w_up, g_up);
+      if (need_w_in) weight_grad_products(kind, x, tok, counts, s, g_pre, g_w_in.t());
+      if (need_w_up) weight_grad_products(kind, x, tok, counts, s, g_up, g_w_up.t());
       if (need_x) {
-        expert_kernels::scatter_gemm(g_pre.data_ptr<float>(), tok.data_ptr<int64_t>(), counts, s,
-                                     fptr(w_in.contiguous()), d, d, gx.data_ptr<float>(), d);
-        if (up.defined())
-          expert_kernels::scatter_gemm(g_up.data_ptr<float>(), tok.data_ptr<int64_t>(), counts, s,
-                                       fptr(w_up.contiguous()), d, d, gx.data_ptr<float>(), d);
+        scatter_products(kind, g_pre, tok, counts, s, w_in, /*neuron_rows=*/true, gx);
+        if (up.defined()) scatter_products(kind, g_up, tok, counts, s, w_up, true, gx);
       }
     }
     for (const auto& grp : kernels ? std::vector<ExpertGroup>{} : groups) {
@@ -323,7 +360,7 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
 
 bool set_expert_kernels(bool enabled) { return kernels_enabled.exchange(enabled); }
 
-bool expert_kernels_used(const at::Tensor& x) { return use_kernels(x, x.scalar_type()); }
+bool expert_kernels_used(const at::Tensor& x) { return kernel_kind(x, at::kFloat) != Kernels::kNone; }
 
 at::Tensor dispatched_expert_ffn(const at::Tensor& x, const at::Tensor& tokens,
                                  const std::vector<int64_t>& counts, const at::Tensor& weights,

@@ -33,10 +33,11 @@ at::Tensor dispatched_expert_ffn(const at::Tensor& x, const at::Tensor& tokens,
                                  int64_t group_bytes = int64_t{16} << 20,
                                  c10::optional<at::ScalarType> accumulate = c10::nullopt);
 
-// Whether float32 CPU experts may use the register-tile kernels (default: yes); tests and
-// benchmarks switch them off to compare with the library-GEMM path. Returns the previous setting.
+// Whether CPU experts may use the register-tile kernels (default: yes); tests and benchmarks
+// switch them off to compare with the library-GEMM path. Returns the previous setting.
 bool set_expert_kernels(bool enabled);
-// True when dispatched_expert_ffn on tensors like x (float32, summed in float32) uses them.
+// True when dispatched_expert_ffn on tensors like x (float32 or bfloat16, summed in float32)
+// uses them.
 bool expert_kernels_used(const at::Tensor& x);
 
 }  // namespace emoe

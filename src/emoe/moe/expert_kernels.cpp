@@ -6,6 +6,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 
 namespace emoe::expert_kernels {
 
@@ -160,6 +162,167 @@ std::vector<RowTile> row_tiles(const std::vector<int64_t>& counts) {
   return tiles;
 }
 
+// --- bfloat16: AVX-512 BF16 (vdpbf16ps) ------------------------------------------------------
+// vdpbf16ps multiplies pairs of bf16 along the summed dimension: lane c of the accumulator gets
+// a[2p]·b[2p][c] + a[2p+1]·b[2p+1][c]. The right-hand operand is packed so that each 32-bit lane
+// holds such a pair (`pack_pairs`: [ceil(K/2)][N], the odd K's last pair with a zero high half);
+// the left-hand pair is one 32-bit broadcast, read straight from a row whose summed dimension is
+// contiguous (an input row, h) or, for the weight gradients, from a small buffer of interleaved
+// token rows made per tile. The products are exact and summed in float32.
+#define EMOE_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+inline uint32_t load_pair(const uint16_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// out[p][c] = S(2p, c) | S(2p + 1, c) << 16 with S(kk, c) = b[kk·stride_k + c·stride_n] (zero
+// past K), for p < ceil(K/2), c < n; out row stride ldo.
+void pack_pairs(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k, int64_t stride_n, uint32_t* out,
+                int64_t ldo) {
+  RECORD_FUNCTION("emoe::pack_pairs", std::vector<c10::IValue>());
+  const int64_t pairs = (k + 1) / 2;
+  if (stride_k == 1) {  // pairs contiguous in b: a transpose of 32-bit words, in 16 x 16 blocks
+    at::parallel_for(0, (n + 15) / 16, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t cb = b0; cb < b1; ++cb)
+        for (int64_t p0 = 0; p0 < pairs; p0 += 16)
+          for (int64_t c = cb * 16; c < std::min(n, cb * 16 + 16); ++c) {
+            const uint16_t* col = b + c * stride_n;
+            for (int64_t p = p0; p < std::min(pairs, p0 + 16); ++p)
+              out[p * ldo + c] = 2 * p + 1 < k ? load_pair(col + 2 * p) : col[2 * p];
+          }
+    });
+    return;
+  }
+  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint16_t* lo = b + 2 * p * stride_k;
+      const uint16_t* hi = 2 * p + 1 < k ? lo + stride_k : nullptr;
+      uint32_t* o = out + p * ldo;
+      if (stride_n == 1 && hi) {
+        for (int64_t c = 0; c < n; ++c) o[c] = uint32_t{lo[c]} | uint32_t{hi[c]} << 16;
+      } else {
+        for (int64_t c = 0; c < n; ++c)
+          o[c] = uint32_t{lo[c * stride_n]} | (hi ? uint32_t{hi[c * stride_n]} << 16 : 0u);
+      }
+    }
+  });
+}
+
+// acc[i][:] += a_at(i) ⊙ row[:] (bf16 pairs) for R rows and NV vectors (the last one masked).
+// (A helper rather than a lambda: lambdas do not inherit the target attribute.)
+template <int R, int NV, class AAt>
+EMOE_AVX512BF16 inline __attribute__((always_inline)) void dp_step(__m512 (&acc)[R][NV], const uint32_t* row,
+                                                                   __mmask16 tail, const AAt& a_at) {
+  __m512i rv[NV];
+#pragma GCC unroll 3
+  for (int v = 0; v < NV; ++v)
+    rv[v] = v + 1 < NV ? _mm512_loadu_si512(row + 16 * v) : _mm512_maskz_loadu_epi32(tail, row + 16 * v);
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    const __m512i av = _mm512_set1_epi32(static_cast<int>(a_at(i)));
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)av, (__m512bh)rv[v]);
+  }
+}
+
+// acc[i][:] = Σ_p pair_at(p, i) ⊙ row_at(p)[:] over p < pairs (bf16 pairs), then, when `odd`,
+// + last_at(i) (one bf16, the high half zero) ⊙ row_at(pairs)[:].
+template <int R, int NV, class RowAt, class PairAt, class LastAt>
+EMOE_AVX512BF16 inline __attribute__((always_inline)) void tile_accumulate_bf16(
+    __m512 (&acc)[R][NV], int64_t pairs, bool odd, __mmask16 tail, const RowAt& row_at, const PairAt& pair_at,
+    const LastAt& last_at) {
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) dp_step<R, NV>(acc, row_at(p), tail, [&](int i) { return pair_at(p, i); });
+  if (odd) dp_step<R, NV>(acc, row_at(pairs), tail, [&](int i) { return uint32_t{last_at(i)}; });
+}
+
+// c[i, :] = bf16(Σ_kk a_i[kk] · b[kk, :] (+ bias)), b packed in pairs (row stride ldb words)
+template <int R, int NV>
+EMOE_AVX512BF16 void tile_gather_bf16(const uint16_t* const* a, int64_t k, const uint32_t* b, int64_t ldb,
+                                      __mmask16 tail, const float* bias, uint16_t* c, int64_t ldc) {
+  const uint16_t* ap[R];
+  for (int i = 0; i < R; ++i) ap[i] = a[i];
+  __m512 acc[R][NV];
+  tile_accumulate_bf16<R, NV>(
+      acc, k / 2, k % 2 != 0, tail, [&](int64_t p) { return b + p * ldb; },
+      [&](int64_t p, int i) { return load_pair(ap[i] + 2 * p); }, [&](int i) { return ap[i][k - 1]; });
+#pragma GCC unroll 3
+  for (int v = 0; v < NV; ++v) {
+    const __mmask16 m = vector_mask(v, NV, tail);
+    const __m512 bb = bias ? _mm512_maskz_loadu_ps(m, bias + 16 * v) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i)
+      _mm256_mask_storeu_epi16(c + i * ldc + 16 * v, m, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[i][v], bb)));
+  }
+}
+
+// y_i[:] += Σ_kk h[i, kk] · b[kk, :] in float32 for R rows of h (row stride ldh), s terms
+template <int R, int NV>
+EMOE_AVX512BF16 void tile_scatter_bf16(const uint16_t* h, int64_t ldh, int64_t s, const uint32_t* b, int64_t ldb,
+                                       __mmask16 tail, float* const* y) {
+  __m512 acc[R][NV];
+  tile_accumulate_bf16<R, NV>(
+      acc, s / 2, s % 2 != 0, tail, [&](int64_t p) { return b + p * ldb; },
+      [&](int64_t p, int i) { return load_pair(h + i * ldh + 2 * p); }, [&](int i) { return h[i * ldh + s - 1]; });
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 m = vector_mask(v, NV, tail);
+      float* p = y[i] + 16 * v;
+      _mm512_mask_storeu_ps(p, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, p), acc[i][v]));
+    }
+}
+
+// w[i, :] = Σ_p at[p·8 + i] ⊙ b[p, :] (float32) for R rows i: `at` holds, per pair of routed
+// rows, their tokens' elements of R consecutive input features interleaved
+template <int R, int NV>
+EMOE_AVX512BF16 void tile_wgrad_bf16(const uint32_t* at, int64_t pairs, const uint32_t* b, int64_t ldb,
+                                     __mmask16 tail, float* w, int64_t ldw) {
+  __m512 acc[R][NV];
+  tile_accumulate_bf16<R, NV>(
+      acc, pairs, false, tail, [&](int64_t p) { return b + p * ldb; },
+      [&](int64_t p, int i) { return at[p * kTileRows + i]; }, [&](int) { return uint16_t{0}; });
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(w + i * ldw + 16 * v, vector_mask(v, NV, tail), acc[i][v]);
+}
+
+// at[p·8 + i] = x[t0][i] | x[t1][i] << 16 for the pair (t0, t1) = (tokens[2p], tokens[2p+1]) of
+// m rows (the last pair's second row zero when m is odd), i < R (R <= 8: the rest zero)
+EMOE_AVX512BF16 void interleave_rows_bf16(const uint16_t* x, int64_t ldx, const int64_t* tokens, int64_t m, int r,
+                                          uint32_t* at) {
+  const __mmask8 mask = static_cast<__mmask8>((1u << r) - 1u);
+  for (int64_t p = 0; 2 * p < m; ++p) {
+    const __m128i lo = _mm_maskz_loadu_epi16(mask, x + tokens[2 * p] * ldx);
+    const __m128i hi = 2 * p + 1 < m ? _mm_maskz_loadu_epi16(mask, x + tokens[2 * p + 1] * ldx) : _mm_setzero_si128();
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(at + p * kTileRows), _mm_unpacklo_epi16(lo, hi));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(at + p * kTileRows + 4), _mm_unpackhi_epi16(lo, hi));
+  }
+}
+
+using GatherTileBf16 = void (*)(const uint16_t* const*, int64_t, const uint32_t*, int64_t, __mmask16,
+                                const float*, uint16_t*, int64_t);
+using ScatterTileBf16 = void (*)(const uint16_t*, int64_t, int64_t, const uint32_t*, int64_t, __mmask16,
+                                 float* const*);
+using WgradTileBf16 = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, __mmask16, float*, int64_t);
+
+#define EMOE_TILE_ROW(F, R) {&F<R, 1>, &F<R, 2>, &F<R, 3>}
+#define EMOE_TILE_TABLE(F)                                                                          \
+  {EMOE_TILE_ROW(F, 1), EMOE_TILE_ROW(F, 2), EMOE_TILE_ROW(F, 3), EMOE_TILE_ROW(F, 4),              \
+   EMOE_TILE_ROW(F, 5), EMOE_TILE_ROW(F, 6), EMOE_TILE_ROW(F, 7), EMOE_TILE_ROW(F, 8)}
+const GatherTileBf16 kGatherTilesBf16[kTileRows][3] = EMOE_TILE_TABLE(tile_gather_bf16);
+const ScatterTileBf16 kScatterTilesBf16[kTileRows][3] = EMOE_TILE_TABLE(tile_scatter_bf16);
+const WgradTileBf16 kWgradTilesBf16[kTileRows][3] = EMOE_TILE_TABLE(tile_wgrad_bf16);
+#undef EMOE_TILE_TABLE
+#undef EMOE_TILE_ROW
+
 }  // namespace
 
 bool available() {
@@ -245,6 +408,120 @@ void gather_weight_grad(const float* x, int64_t ldx, int64_t k, const int64_t* t
           kWgradTiles[rows - 1][ch.nv - 1](x + tile.k0, ldx, tokens + tile.row, counts[tile.expert],
                                            h + tile.row * s + tile.c0, s, ch.tail,
                                            w + tile.k0 * ldw + tile.expert * s + tile.c0, ldw);
+        }
+      });
+}
+
+
+// --- bfloat16 ---------------------------------------------------------------------------------
+
+bool bf16_available() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  return ok;
+}
+
+namespace {
+std::unique_ptr<uint32_t[]> words(int64_t n) { return std::unique_ptr<uint32_t[]>(new uint32_t[std::max<int64_t>(n, 1)]); }
+}  // namespace
+
+void gather_gemm_bf16(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
+                      const std::vector<int64_t>& counts, int64_t s, const uint16_t* b, int64_t b_k, int64_t b_c,
+                      const float* bias, uint16_t* c) {
+  RECORD_FUNCTION("emoe::expert_gather_gemm_bf16", std::vector<c10::IValue>());
+  const int64_t e = static_cast<int64_t>(counts.size()), pairs = (k + 1) / 2;
+  auto packed = words(e * pairs * s);  // expert j's [pairs, s] panel at j·pairs·s, pairs along k
+  at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) pack_pairs(b + j * s * b_c, k, s, b_k, b_c, packed.get() + j * pairs * s, s);
+  });
+  const auto tiles = row_tiles(counts);
+  parallel_by_cost(
+      static_cast<int64_t>(tiles.size()), [&](int64_t i) { return static_cast<double>(tiles[i].rows); },
+      [&](int64_t t0, int64_t t1) {
+        const uint16_t* a[kTileRows];
+        for (int64_t t = t0; t < t1; ++t) {
+          const auto& tile = tiles[t];
+          for (int64_t i = 0; i < tile.rows; ++i) a[i] = x + tokens[tile.row + i] * ldx;
+          for (int64_t c0 = 0; c0 < s; c0 += kTileCols) {
+            const auto ch = column_chunk(std::min(kTileCols, s - c0));
+            kGatherTilesBf16[tile.rows - 1][ch.nv - 1](a, k, packed.get() + tile.expert * pairs * s + c0, s, ch.tail,
+                                                       bias ? bias + tile.expert * s + c0 : nullptr,
+                                                       c + tile.row * s + c0, s);
+          }
+        }
+      });
+}
+
+void scatter_gemm_bf16(const uint16_t* h, const int64_t* tokens, const std::vector<int64_t>& counts, int64_t s,
+                       const uint16_t* b, int64_t b_k, int64_t b_c, int64_t n, float* y, int64_t ldy) {
+  RECORD_FUNCTION("emoe::expert_scatter_gemm_bf16", std::vector<c10::IValue>());
+  const int64_t e = static_cast<int64_t>(counts.size()), pairs = (s + 1) / 2;
+  auto packed = words(e * pairs * n);  // expert j's [pairs, n] block at j·pairs·n
+  at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) pack_pairs(b + j * s * b_k, s, n, b_k, b_c, packed.get() + j * pairs * n, n);
+  });
+  // as scatter_gemm: threads own column ranges of y, each element sums its experts in order
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (n + 15) / 16));
+  const int64_t span = (n + 15) / 16 / threads * 16 + ((n + 15) / 16 % threads ? 16 : 0);
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    float* yp[kTileRows];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t lo = t * span, hi = std::min(n, lo + span);
+      int64_t row = 0;
+      for (int64_t j = 0; j < e; row += counts[j], ++j) {
+        const uint32_t* bj = packed.get() + j * pairs * n;
+        for (int64_t c0 = lo; c0 < hi; c0 += kTileCols) {
+          const auto ch = column_chunk(std::min(kTileCols, hi - c0));
+          for (int64_t r = 0; r < counts[j]; r += kTileRows) {
+            const int64_t rows = std::min<int64_t>(kTileRows, counts[j] - r);
+            for (int64_t i = 0; i < rows; ++i) yp[i] = y + tokens[row + r + i] * ldy + c0;
+            for (int64_t i = r + kTileRows; i < std::min(counts[j], r + 2 * kTileRows); ++i)
+              for (int64_t l = 0; l < ch.nv; ++l) __builtin_prefetch(y + tokens[row + i] * ldy + c0 + 16 * l, 1);
+            kScatterTilesBf16[rows - 1][ch.nv - 1](h + (row + r) * s, s, s, bj + c0, n, ch.tail, yp);
+          }
+        }
+      }
+    }
+  });
+}
+
+void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
+                             const std::vector<int64_t>& counts, int64_t s, const uint16_t* h, float* w,
+                             int64_t ldw) {
+  RECORD_FUNCTION("emoe::expert_weight_grad_bf16", std::vector<c10::IValue>());
+  const int64_t e = static_cast<int64_t>(counts.size());
+  // h's rows of each expert packed in pairs: expert j's [ceil(m_j/2), s] block at offset[j]
+  std::vector<int64_t> first(e + 1, 0), offset(e + 1, 0);
+  for (int64_t j = 0; j < e; ++j) {
+    first[j + 1] = first[j] + counts[j];
+    offset[j + 1] = offset[j] + (counts[j] + 1) / 2 * s;
+  }
+  auto packed = words(offset[e]);
+  at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) pack_pairs(h + first[j] * s, counts[j], s, s, 1, packed.get() + offset[j], s);
+  });
+  struct Tile {
+    int64_t expert, k0;
+  };
+  std::vector<Tile> tiles;
+  for (int64_t j = 0; j < e; ++j)
+    for (int64_t k0 = 0; k0 < k; k0 += kTileRows) tiles.push_back({j, k0});
+  int64_t most = 1;
+  for (auto m : counts) most = std::max(most, m);
+  parallel_by_cost(
+      static_cast<int64_t>(tiles.size()), [&](int64_t i) { return 1.0 + static_cast<double>(counts[tiles[i].expert]); },
+      [&](int64_t t0, int64_t t1) {
+        auto at = words((most + 1) / 2 * kTileRows);  // this thread's interleaved token rows
+        for (int64_t t = t0; t < t1; ++t) {
+          const auto& tile = tiles[t];
+          const int64_t m = counts[tile.expert], pairs = (m + 1) / 2;
+          const int r = static_cast<int>(std::min<int64_t>(kTileRows, k - tile.k0));
+          interleave_rows_bf16(x + tile.k0, ldx, tokens + first[tile.expert], m, r, at.get());
+          for (int64_t c0 = 0; c0 < s; c0 += kTileCols) {
+            const auto ch = column_chunk(std::min(kTileCols, s - c0));
+            kWgradTilesBf16[r - 1][ch.nv - 1](at.get(), pairs, packed.get() + offset[tile.expert] + c0, s, ch.tail,
+                                              w + tile.k0 * ldw + tile.expert * s + c0, ldw);
+          }
         }
       });
 }

@@ -38,4 +38,26 @@ void gather_weight_grad(const float* x, int64_t ldx, int64_t k, const int64_t* t
                         const std::vector<int64_t>& counts, int64_t s, const float* h, float* w,
                         int64_t ldw);
 
+// bfloat16 (AVX-512 BF16: vdpbf16ps): inputs and weights in bf16 (given as their bits), products
+// exact and summed in float32. The weights are addressed through two strides and packed per call
+// into the pairs the instruction takes. Rows follow the same layout as above.
+bool bf16_available();
+
+// c[r, 0:s] = bf16(x[tokens[r], 0:k] · B_j (+ bias[j·s : j·s+s], float32)) for every row r of
+// expert j, where B_j(kk, c) = b[kk·b_k + (j·s + c)·b_c]. c is [rows, s], contiguous.
+void gather_gemm_bf16(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
+                      const std::vector<int64_t>& counts, int64_t s, const uint16_t* b, int64_t b_k, int64_t b_c,
+                      const float* bias, uint16_t* c);
+
+// y[tokens[r], 0:n] += h[r, 0:s] · B_j in float32 for every row r of expert j, where
+// B_j(c, col) = b[(j·s + c)·b_k + col·b_c]. h is [rows, s], contiguous. Deterministic as scatter_gemm.
+void scatter_gemm_bf16(const uint16_t* h, const int64_t* tokens, const std::vector<int64_t>& counts, int64_t s,
+                       const uint16_t* b, int64_t b_k, int64_t b_c, int64_t n, float* y, int64_t ldy);
+
+// w[kk·ldw + j·s + c] = Σ over the rows r of expert j of x[tokens[r], kk] · h[r, c], in float32;
+// zero for an expert without rows. h is [rows, s], contiguous.
+void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
+                             const std::vector<int64_t>& counts, int64_t s, const uint16_t* h, float* w,
+                             int64_t ldw);
+
 }  // namespace emoe::expert_kernels
