@@ -15,12 +15,14 @@ if [[ "${QUICK:-0}" == 1 ]]; then
   "$build/bench/bench_gemm" --seconds 0.2 > "$out/gemm.md"
   "$build/bench/bench_train" --layers 1 --batch 2 --seq 32 --steps 1 --warmup 1 --methods full,lora,emoe,emoe-dispatched,gmoe,mov \
     --json "$out/train.json" --markdown "$out/train.md" > /dev/null
-  "$build/bench/bench_ffn" 128 1 > "$out/ffn.md"
+  "$build/bench/bench_ffn" --tokens 128 --reps 1 > "$out/ffn.md"
+  "$build/bench/bench_ffn" --tokens 128 --reps 1 --precision bf16 >> "$out/ffn.md"
   STEPS=4 BATCH=8 scripts/bench_dist.sh "$build" > "$out/dist.md"
   cat "$out/gemm.md" "$out/train.md" "$out/ffn.md" "$out/dist.md"
   exit 0
 fi
 "$build/bench/bench_gemm" | tee "$out/gemm.md"
 "$build/bench/bench_train" --steps 3 --json "$out/train.json" --markdown "$out/train.md"
-"$build/bench/bench_ffn" 2048 5 | tee "$out/ffn.md"
+{ "$build/bench/bench_ffn" --tokens 2048 --reps 5 && echo &&
+  "$build/bench/bench_ffn" --tokens 2048 --reps 5 --precision bf16; } | tee "$out/ffn.md"
 scripts/bench_dist.sh "$build" | tee "$out/dist.md"
