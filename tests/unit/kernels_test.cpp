@@ -66,6 +66,14 @@ torch::Tensor kernels_expert_reference(const torch::Tensor& x, const torch::Tens
   return out;
 }
 
+// rows sorted by expert, `counts[j]` for expert j, each expert's tokens distinct (as top-k
+// routing gives them) and drawn from n
+torch::Tensor kernels_routed_tokens(int64_t n, const std::vector<int64_t>& counts) {
+  std::vector<torch::Tensor> segs;
+  for (auto c : counts) segs.push_back(torch::randperm(n, torch::kLong).narrow(0, 0, c));
+  return torch::cat(segs);
+}
+
 }  // namespace
 
 TEST(ExpertFfn, DispatchedMatchesTheDefinitionInValuesAndEveryGradient) {
@@ -130,10 +138,7 @@ TEST(ExpertFfn, Float32RegisterTileKernelsMatchTheDefinitionAndTheLibraryPath) {
   const int64_t n = 21, d = 37;
   const std::vector<int64_t> counts = {13, 0, 3, 17, 8};
   const int64_t e = static_cast<int64_t>(counts.size()), rows = 41;
-  // each expert's tokens distinct, as top-k routing gives them
-  std::vector<torch::Tensor> segs;
-  for (auto c : counts) segs.push_back(torch::randperm(n, torch::kLong).narrow(0, 0, c));
-  auto tokens = torch::cat(segs);
+  auto tokens = kernels_routed_tokens(n, counts);
   ASSERT_EQ(tokens.size(0), rows);
   for (int64_t s : {5, 43, 50}) {
     for (bool gated : {false, true})
@@ -195,9 +200,7 @@ TEST(ExpertKernels, Bfloat16ProductsMatchFloat64) {
   const int64_t n = 23, d = 37;
   const std::vector<int64_t> counts = {13, 0, 3, 17, 8};
   const int64_t e = static_cast<int64_t>(counts.size()), rows = 41;
-  std::vector<torch::Tensor> segs;
-  for (auto c : counts) segs.push_back(torch::randperm(n, torch::kLong).narrow(0, 0, c));
-  auto tokens = torch::cat(segs);
+  auto tokens = kernels_routed_tokens(n, counts);
   auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
   auto bf16 = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).contiguous(); };
   auto f64 = [](const torch::Tensor& t) { return t.to(torch::kDouble); };
@@ -261,9 +264,7 @@ TEST(ExpertFfn, Bfloat16RegisterTileKernelsMatchTheLibraryPath) {
   const int64_t n = 21, d = 37;
   const std::vector<int64_t> counts = {13, 0, 3, 17, 8};
   const int64_t e = static_cast<int64_t>(counts.size()), rows = 41;
-  std::vector<torch::Tensor> segs;
-  for (auto c : counts) segs.push_back(torch::randperm(n, torch::kLong).narrow(0, 0, c));
-  auto tokens = torch::cat(segs);
+  auto tokens = kernels_routed_tokens(n, counts);
   for (int64_t s : {5, 43}) {
     for (bool gated : {false, true}) {
       const bool bias = !gated, weighted = gated;

@@ -53,6 +53,29 @@ inline __mmask16 vector_mask(int v, int nv, __mmask16 tail) {
   return v + 1 < nv ? static_cast<__mmask16>(0xFFFF) : tail;
 }
 
+// The tiles' two epilogues: y_i[:] += acc[i][:] (rows anywhere), w[i, :] = acc[i][:] (strided rows).
+template <int R, int NV>
+EMOE_AVX512 inline __attribute__((always_inline)) void add_into_rows(const __m512 (&acc)[R][NV], __mmask16 tail,
+                                                                     float* const* y) {
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 m = vector_mask(v, NV, tail);
+      float* p = y[i] + 16 * v;
+      _mm512_mask_storeu_ps(p, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, p), acc[i][v]));
+    }
+}
+
+template <int R, int NV>
+EMOE_AVX512 inline __attribute__((always_inline)) void store_rows(const __m512 (&acc)[R][NV], __mmask16 tail, float* w,
+                                                                  int64_t ldw) {
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(w + i * ldw + 16 * v, vector_mask(v, NV, tail), acc[i][v]);
+}
+
 // c[i, :] (+bias) = Σ_kk a_i[kk] · b[kk, :]
 template <int R, int NV>
 EMOE_AVX512 void tile_gather(const float* const* a, int64_t k, const float* b, int64_t ldb, __mmask16 tail,
@@ -78,14 +101,7 @@ EMOE_AVX512 void tile_scatter(const float* h, int64_t ldh, int64_t s, const floa
   __m512 acc[R][NV];
   tile_accumulate<R, NV>(
       acc, s, tail, [&](int64_t kk) { return b + kk * ldb; }, [&](int64_t kk, int i) { return h[i * ldh + kk]; });
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 m = vector_mask(v, NV, tail);
-      float* p = y[i] + 16 * v;
-      _mm512_mask_storeu_ps(p, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, p), acc[i][v]));
-    }
+  add_into_rows<R, NV>(acc, tail, y);
 }
 
 // w[i, :] = Σ_r x[tokens[r]][i] · h[r, :] for R consecutive columns i of x (x offset to them)
@@ -96,10 +112,7 @@ EMOE_AVX512 void tile_wgrad(const float* x, int64_t ldx, const int64_t* tokens, 
   tile_accumulate<R, NV>(
       acc, m, tail, [&](int64_t r) { return h + r * ldh; },
       [&](int64_t r, int i) { return x[tokens[r] * ldx + i]; });
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(w + i * ldw + 16 * v, vector_mask(v, NV, tail), acc[i][v]);
+  store_rows<R, NV>(acc, tail, w, ldw);
 }
 
 using GatherTile = void (*)(const float* const*, int64_t, const float*, int64_t, __mmask16, const float*,
@@ -108,7 +121,7 @@ using ScatterTile = void (*)(const float*, int64_t, int64_t, const float*, int64
 using WgradTile = void (*)(const float*, int64_t, const int64_t*, int64_t, const float*, int64_t, __mmask16,
                            float*, int64_t);
 
-// [rows - 1][vectors - 1]
+// [rows - 1][vectors - 1] (the bfloat16 tables below use the same macros)
 #define EMOE_TILE_ROW(F, R) {&F<R, 1>, &F<R, 2>, &F<R, 3>}
 #define EMOE_TILE_TABLE(F)                                                                          \
   {EMOE_TILE_ROW(F, 1), EMOE_TILE_ROW(F, 2), EMOE_TILE_ROW(F, 3), EMOE_TILE_ROW(F, 4),              \
@@ -116,8 +129,6 @@ using WgradTile = void (*)(const float*, int64_t, const int64_t*, int64_t, const
 const GatherTile kGatherTiles[kTileRows][3] = EMOE_TILE_TABLE(tile_gather);
 const ScatterTile kScatterTiles[kTileRows][3] = EMOE_TILE_TABLE(tile_scatter);
 const WgradTile kWgradTiles[kTileRows][3] = EMOE_TILE_TABLE(tile_wgrad);
-#undef EMOE_TILE_TABLE
-#undef EMOE_TILE_ROW
 
 // A column chunk [c0, c0 + width) of at most kTileCols: its vector count and last vector's mask.
 struct Chunk {
@@ -269,14 +280,7 @@ EMOE_AVX512BF16 void tile_scatter_bf16(const uint16_t* h, int64_t ldh, int64_t s
   tile_accumulate_bf16<R, NV>(
       acc, s / 2, s % 2 != 0, tail, [&](int64_t p) { return b + p * ldb; },
       [&](int64_t p, int i) { return load_pair(h + i * ldh + 2 * p); }, [&](int i) { return h[i * ldh + s - 1]; });
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 m = vector_mask(v, NV, tail);
-      float* p = y[i] + 16 * v;
-      _mm512_mask_storeu_ps(p, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, p), acc[i][v]));
-    }
+  add_into_rows<R, NV>(acc, tail, y);
 }
 
 // w[i, :] = Σ_p at[p·8 + i] ⊙ b[p, :] (float32) for R rows i: `at` holds, per pair of routed
@@ -288,10 +292,7 @@ EMOE_AVX512BF16 void tile_wgrad_bf16(const uint32_t* at, int64_t pairs, const ui
   tile_accumulate_bf16<R, NV>(
       acc, pairs, false, tail, [&](int64_t p) { return b + p * ldb; },
       [&](int64_t p, int i) { return at[p * kTileRows + i]; }, [&](int) { return uint16_t{0}; });
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(w + i * ldw + 16 * v, vector_mask(v, NV, tail), acc[i][v]);
+  store_rows<R, NV>(acc, tail, w, ldw);
 }
 
 // at[p·8 + i] = x[t0][i] | x[t1][i] << 16 for the pair (t0, t1) = (tokens[2p], tokens[2p+1]) of
@@ -313,15 +314,59 @@ using ScatterTileBf16 = void (*)(const uint16_t*, int64_t, int64_t, const uint32
                                  float* const*);
 using WgradTileBf16 = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, __mmask16, float*, int64_t);
 
-#define EMOE_TILE_ROW(F, R) {&F<R, 1>, &F<R, 2>, &F<R, 3>}
-#define EMOE_TILE_TABLE(F)                                                                          \
-  {EMOE_TILE_ROW(F, 1), EMOE_TILE_ROW(F, 2), EMOE_TILE_ROW(F, 3), EMOE_TILE_ROW(F, 4),              \
-   EMOE_TILE_ROW(F, 5), EMOE_TILE_ROW(F, 6), EMOE_TILE_ROW(F, 7), EMOE_TILE_ROW(F, 8)}
 const GatherTileBf16 kGatherTilesBf16[kTileRows][3] = EMOE_TILE_TABLE(tile_gather_bf16);
 const ScatterTileBf16 kScatterTilesBf16[kTileRows][3] = EMOE_TILE_TABLE(tile_scatter_bf16);
 const WgradTileBf16 kWgradTilesBf16[kTileRows][3] = EMOE_TILE_TABLE(tile_wgrad_bf16);
 #undef EMOE_TILE_TABLE
 #undef EMOE_TILE_ROW
+
+// The row tiles of a gather, over the intra-op threads by cost: tile(a, tile, c0, chunk) with a
+// the tile's input rows (x's rows of its tokens), for each column chunk of the s outputs.
+template <class T, class TileFn>
+void for_gather_tiles(const T* x, int64_t ldx, const int64_t* tokens, const std::vector<int64_t>& counts, int64_t s,
+                      const TileFn& tile_fn) {
+  const auto tiles = row_tiles(counts);
+  parallel_by_cost(
+      static_cast<int64_t>(tiles.size()), [&](int64_t i) { return static_cast<double>(tiles[i].rows); },
+      [&](int64_t t0, int64_t t1) {
+        const T* a[kTileRows];
+        for (int64_t t = t0; t < t1; ++t) {
+          const auto& tile = tiles[t];
+          for (int64_t i = 0; i < tile.rows; ++i) a[i] = x + tokens[tile.row + i] * ldx;
+          for (int64_t c0 = 0; c0 < s; c0 += kTileCols) tile_fn(a, tile, c0, column_chunk(std::min(kTileCols, s - c0)));
+        }
+      });
+}
+
+// The tiles of a scatter into y [.., n]: threads own column ranges of y (multiples of 16 wide), so
+// no two write the same element and each element sums its experts' terms in expert order
+// whatever the thread count. tile_fn(expert, first row, rows, c0, chunk, y rows).
+template <class TileFn>
+void for_scatter_tiles(const int64_t* tokens, const std::vector<int64_t>& counts, int64_t n, float* y, int64_t ldy,
+                       const TileFn& tile_fn) {
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (n + 15) / 16));
+  const int64_t span = (n + 15) / 16 / threads * 16 + ((n + 15) / 16 % threads ? 16 : 0);
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    float* yp[kTileRows];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t lo = t * span, hi = std::min(n, lo + span);
+      int64_t row = 0;
+      for (int64_t j = 0; j < static_cast<int64_t>(counts.size()); row += counts[j], ++j) {
+        for (int64_t c0 = lo; c0 < hi; c0 += kTileCols) {
+          const auto ch = column_chunk(std::min(kTileCols, hi - c0));
+          for (int64_t r = 0; r < counts[j]; r += kTileRows) {
+            const int64_t rows = std::min<int64_t>(kTileRows, counts[j] - r);
+            for (int64_t i = 0; i < rows; ++i) yp[i] = y + tokens[row + r + i] * ldy + c0;
+            // the next tile's output rows, while this one computes
+            for (int64_t i = r + kTileRows; i < std::min(counts[j], r + 2 * kTileRows); ++i)
+              for (int64_t l = 0; l < ch.nv; ++l) __builtin_prefetch(y + tokens[row + i] * ldy + c0 + 16 * l, 1);
+            tile_fn(j, row + r, rows, c0, ch, yp);
+          }
+        }
+      }
+    }
+  });
+}
 
 }  // namespace
 
@@ -334,52 +379,19 @@ void gather_gemm(const float* x, int64_t ldx, int64_t k, const int64_t* tokens,
                  const std::vector<int64_t>& counts, int64_t s, const float* b, int64_t ldb,
                  const float* bias, float* c) {
   RECORD_FUNCTION("emoe::expert_gather_gemm", std::vector<c10::IValue>());
-  const auto tiles = row_tiles(counts);
-  parallel_by_cost(
-      static_cast<int64_t>(tiles.size()), [&](int64_t i) { return static_cast<double>(tiles[i].rows); },
-      [&](int64_t t0, int64_t t1) {
-        const float* a[kTileRows];
-        for (int64_t t = t0; t < t1; ++t) {
-          const auto& tile = tiles[t];
-          for (int64_t i = 0; i < tile.rows; ++i) a[i] = x + tokens[tile.row + i] * ldx;
-          for (int64_t c0 = 0; c0 < s; c0 += kTileCols) {
-            const auto ch = column_chunk(std::min(kTileCols, s - c0));
-            kGatherTiles[tile.rows - 1][ch.nv - 1](a, k, b + tile.expert * s + c0, ldb, ch.tail,
-                                                   bias ? bias + tile.expert * s + c0 : nullptr,
-                                                   c + tile.row * s + c0, s);
-          }
-        }
-      });
+  for_gather_tiles(x, ldx, tokens, counts, s, [&](const float* const* a, const RowTile& tile, int64_t c0, Chunk ch) {
+    kGatherTiles[tile.rows - 1][ch.nv - 1](a, k, b + tile.expert * s + c0, ldb, ch.tail,
+                                           bias ? bias + tile.expert * s + c0 : nullptr, c + tile.row * s + c0, s);
+  });
 }
 
 void scatter_gemm(const float* h, const int64_t* tokens, const std::vector<int64_t>& counts, int64_t s,
                   const float* b, int64_t ldb, int64_t n, float* y, int64_t ldy) {
   RECORD_FUNCTION("emoe::expert_scatter_gemm", std::vector<c10::IValue>());
-  // Threads own column ranges of y (multiples of 16 wide): no two write the same element, and each
-  // element's terms are added in expert order whatever the thread count.
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (n + 15) / 16));
-  const int64_t span = (n + 15) / 16 / threads * 16 + ((n + 15) / 16 % threads ? 16 : 0);
-  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
-    float* yp[kTileRows];
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t lo = t * span, hi = std::min(n, lo + span);
-      int64_t row = 0;
-      for (int64_t j = 0; j < static_cast<int64_t>(counts.size()); row += counts[j], ++j) {
-        const float* bj = b + j * s * ldb;
-        for (int64_t c0 = lo; c0 < hi; c0 += kTileCols) {
-          const auto ch = column_chunk(std::min(kTileCols, hi - c0));
-          for (int64_t r = 0; r < counts[j]; r += kTileRows) {
-            const int64_t rows = std::min<int64_t>(kTileRows, counts[j] - r);
-            for (int64_t i = 0; i < rows; ++i) yp[i] = y + tokens[row + r + i] * ldy + c0;
-            // the next tile's output rows, while this one computes
-            for (int64_t i = r + kTileRows; i < std::min(counts[j], r + 2 * kTileRows); ++i)
-              for (int64_t l = 0; l < ch.nv; ++l) __builtin_prefetch(y + tokens[row + i] * ldy + c0 + 16 * l, 1);
-            kScatterTiles[rows - 1][ch.nv - 1](h + (row + r) * s, s, s, bj + c0, ldb, ch.tail, yp);
-          }
-        }
-      }
-    }
-  });
+  for_scatter_tiles(tokens, counts, n, y, ldy,
+                    [&](int64_t j, int64_t row, int64_t rows, int64_t c0, Chunk ch, float* const* yp) {
+                      kScatterTiles[rows - 1][ch.nv - 1](h + row * s, s, s, b + j * s * ldb + c0, ldb, ch.tail, yp);
+                    });
 }
 
 void gather_weight_grad(const float* x, int64_t ldx, int64_t k, const int64_t* tokens,
@@ -434,22 +446,10 @@ void gather_gemm_bf16(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* 
   at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) pack_pairs(b + j * s * b_c, k, s, b_k, b_c, packed.get() + j * pairs * s, s);
   });
-  const auto tiles = row_tiles(counts);
-  parallel_by_cost(
-      static_cast<int64_t>(tiles.size()), [&](int64_t i) { return static_cast<double>(tiles[i].rows); },
-      [&](int64_t t0, int64_t t1) {
-        const uint16_t* a[kTileRows];
-        for (int64_t t = t0; t < t1; ++t) {
-          const auto& tile = tiles[t];
-          for (int64_t i = 0; i < tile.rows; ++i) a[i] = x + tokens[tile.row + i] * ldx;
-          for (int64_t c0 = 0; c0 < s; c0 += kTileCols) {
-            const auto ch = column_chunk(std::min(kTileCols, s - c0));
-            kGatherTilesBf16[tile.rows - 1][ch.nv - 1](a, k, packed.get() + tile.expert * pairs * s + c0, s, ch.tail,
-                                                       bias ? bias + tile.expert * s + c0 : nullptr,
-                                                       c + tile.row * s + c0, s);
-          }
-        }
-      });
+  for_gather_tiles(x, ldx, tokens, counts, s, [&](const uint16_t* const* a, const RowTile& tile, int64_t c0, Chunk ch) {
+    kGatherTilesBf16[tile.rows - 1][ch.nv - 1](a, k, packed.get() + tile.expert * pairs * s + c0, s, ch.tail,
+                                               bias ? bias + tile.expert * s + c0 : nullptr, c + tile.row * s + c0, s);
+  });
 }
 
 void scatter_gemm_bf16(const uint16_t* h, const int64_t* tokens, const std::vector<int64_t>& counts, int64_t s,
@@ -460,29 +460,11 @@ void scatter_gemm_bf16(const uint16_t* h, const int64_t* tokens, const std::vect
   at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) pack_pairs(b + j * s * b_k, s, n, b_k, b_c, packed.get() + j * pairs * n, n);
   });
-  // as scatter_gemm: threads own column ranges of y, each element sums its experts in order
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (n + 15) / 16));
-  const int64_t span = (n + 15) / 16 / threads * 16 + ((n + 15) / 16 % threads ? 16 : 0);
-  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
-    float* yp[kTileRows];
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t lo = t * span, hi = std::min(n, lo + span);
-      int64_t row = 0;
-      for (int64_t j = 0; j < e; row += counts[j], ++j) {
-        const uint32_t* bj = packed.get() + j * pairs * n;
-        for (int64_t c0 = lo; c0 < hi; c0 += kTileCols) {
-          const auto ch = column_chunk(std::min(kTileCols, hi - c0));
-          for (int64_t r = 0; r < counts[j]; r += kTileRows) {
-            const int64_t rows = std::min<int64_t>(kTileRows, counts[j] - r);
-            for (int64_t i = 0; i < rows; ++i) yp[i] = y + tokens[row + r + i] * ldy + c0;
-            for (int64_t i = r + kTileRows; i < std::min(counts[j], r + 2 * kTileRows); ++i)
-              for (int64_t l = 0; l < ch.nv; ++l) __builtin_prefetch(y + tokens[row + i] * ldy + c0 + 16 * l, 1);
-            kScatterTilesBf16[rows - 1][ch.nv - 1](h + (row + r) * s, s, s, bj + c0, n, ch.tail, yp);
-          }
-        }
-      }
-    }
-  });
+  for_scatter_tiles(tokens, counts, n, y, ldy,
+                    [&](int64_t j, int64_t row, int64_t rows, int64_t c0, Chunk ch, float* const* yp) {
+                      kScatterTilesBf16[rows - 1][ch.nv - 1](h + row * s, s, s, packed.get() + j * pairs * n + c0, n,
+                                                             ch.tail, yp);
+                    });
 }
 
 void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
