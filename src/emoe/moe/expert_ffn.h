@@ -1,6 +1,7 @@
-// Dispatched experts as one autograd function. float32 on a CPU with AVX-512: register-tile kernels
-// that read each expert's rows straight from the input's token rows and add its outputs straight
-// into the output's (expert_kernels.h). Otherwise (CUDA, bfloat16, older CPUs): for each group of
+// Dispatched experts as one autograd function. float32 on a CPU with AVX-512, or bfloat16 summed in
+// float32 (autocast) on one with AVX-512 BF16: register-tile kernels that read each expert's rows
+// straight from the input's token rows and add its outputs straight into the output's
+// (expert_kernels.h). Otherwise (CUDA, other dtypes, older CPUs): for each group of
 // experts, their tokens are gathered into a small buffer (at most `group_bytes`, or one expert's
 // rows), pushed through the expert's blocks of the FFN weights by library GEMMs (two, three when
 // gated) and added back into the output. Either way the replicated inputs and outputs of all

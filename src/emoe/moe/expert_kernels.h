@@ -1,4 +1,4 @@
-// Float32 CPU kernels for dispatched experts whose gathers and scatters are part of the matrix
+// Float32 and bfloat16 CPU kernels for dispatched experts whose gathers and scatters are part of the matrix
 // products: an expert's rows are read straight from the tokens' rows of the input, and its
 // outputs are added straight into the tokens' rows of the output, so the n·k copies that a
 // library GEMM needs (gather into a buffer, product, scatter-add back) are never made.
