@@ -48,8 +48,8 @@ class RoutedFfnImpl : public FfnPlug {
 };
 
 // EMoE, EMoE-learn and MoEfication: expert e is neurons [e*s, (e+1)*s) of the slot's own FFN
-// (no copies). Masked: compute every neuron, zero the unselected experts. Dispatched: gather each
-// expert's tokens and run only its slice, as one batched GEMM over all experts.
+// (no copies). Masked: compute every neuron, zero the unselected experts. Dispatched: run each
+// expert's slice on its tokens only, all experts in one autograd function (expert_ffn.h).
 class ExpertFfnImpl : public RoutedFfnImpl {
  public:
   ExpertFfnImpl(const MoeConfig& cfg, FfnSlot& slot);
