@@ -424,7 +424,6 @@ void gather_weight_grad(const float* x, int64_t ldx, int64_t k, const int64_t* t
       });
 }
 
-
 // --- bfloat16 ---------------------------------------------------------------------------------
 
 bool bf16_available() {
