@@ -20,6 +20,7 @@ PACKAGES=(
   libmetis-dev                          # balanced graph partitioning (co-activation split)
   libcairo2-dev fonts-dejavu-core       # PNG figures (usage heatmaps) and their text
   clang-14 libclang-rt-14-dev           # libFuzzer + ASan/UBSan for scripts/fuzz.sh (fuzz/)
+  clang-format                          # scripts/format.sh --check (run by the tests)
   python3                               # seed corpora and benchmark summaries in scripts/
 )
 

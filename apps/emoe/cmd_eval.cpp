@@ -7,6 +7,7 @@
 #include "emoe/data/batching.h"
 #include "emoe/data/dataset.h"
 #include "emoe/eval/evaluate.h"
+#include "emoe/models/routed.h"
 #include "emoe/train/model_io.h"
 
 namespace emoe::cli {
@@ -29,8 +30,7 @@ void run_eval(const EvalArgs& a) {
   lo.head = Head::kSequenceClassification;
   lo.num_labels = task.num_labels();
   auto model = load_any_model(a.model_dir, lo);
-  if (a.dense)
-    for (auto* p : moe_plugs(*model)) p->set_dense_override(true);
+  if (a.dense) set_routed_dense_override(*model, true);
   auto tok = load_tokenizer(a.model_dir);
   const auto& s = model->summary();
   const int64_t pad = tok->special().pad.value_or(s.pad_token_id.value_or(s.eos_token_id.value_or(0)));

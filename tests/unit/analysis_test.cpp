@@ -23,6 +23,7 @@ emoe::ModelSummary analysis_summary(const std::string& type) {
   s.hidden_size = 8;
   s.num_heads = 2;
   s.num_kv_heads = type == "llama" ? 1 : 2;
+  s.gated_ffn = type == "llama";
   s.intermediate_size = 32;
   s.vocab_size = 50;
   return s;
@@ -102,8 +103,10 @@ TEST(Flops, EncoderDecoderMatchesHandCounts) {
   EXPECT_DOUBLE_EQ(emoe::count_flops(s, dense, 10).forward.at("ffn"), 30 * 512.0 / 20);
   // gated-GELU (v1.1): 3·d·d_ff
   s.activation = "gated-gelu";
+  s.gated_ffn = true;
   EXPECT_DOUBLE_EQ(emoe::count_flops(s, dense, 10, 5).forward.at("ffn"), 25 * 768.0 / 15);
   s.activation = "relu";
+  s.gated_ffn = false;
   // EMoE dispatched (N 4, k 1) on the decoder's FFN only: its 5 tokens run 1/4 of it, plus the
   // avg-k gate d·N
   emoe::MethodCost moe;

@@ -1,6 +1,8 @@
 // Analytic FLOP counter.
 #include "emoe/analysis/flops.h"
 
+#include "emoe/models/architecture.h"
+
 namespace emoe {
 
 namespace {
@@ -44,7 +46,7 @@ FlopCount count_encoder_decoder(const ModelSummary& s, const MethodCost& m, int6
   const double Le = static_cast<double>(s.num_layers), Ld = static_cast<double>(s.num_decoder_layers);
   const double hd = static_cast<double>(s.head_dim > 0 ? s.head_dim : s.hidden_size / s.num_heads);
   const double in = hd * static_cast<double>(s.num_heads);  // inner attention width
-  const bool gated = s.activation.rfind("gated-", 0) == 0;
+  const bool gated = s.gated_ffn;
   const double ffn_dense = (gated ? 3.0 : 2.0) * d * f;
   const double proj_enc = Le * S * 4 * d * in;
   const double proj = proj_enc + Ld * (T * 4 * d * in + T * 2 * d * in + S * 2 * d * in);
@@ -96,7 +98,8 @@ FlopCount count_flops(const ModelSummary& s, const MethodCost& m, int64_t seq_le
   const double L = static_cast<double>(s.num_layers), T = static_cast<double>(seq_len);
   const double head_dim = d / static_cast<double>(s.num_heads);
   const double kv = head_dim * static_cast<double>(s.num_kv_heads);
-  const bool gated = s.model_type == "llama";
+  const bool gated = s.gated_ffn;
+  const Architecture& arch = architecture_of(s);
   FlopCount c;
   auto& fw = c.forward;
   // per layer
@@ -112,9 +115,8 @@ FlopCount count_flops(const ModelSummary& s, const MethodCost& m, int64_t seq_le
   }
   // PEFT adapters on the default targets: (in, out) of each adapted attention projection
   std::vector<std::pair<double, double>> targets;
-  if (s.model_type == "gpt2") targets = {{d, 3 * d}};  // fused c_attn
-  else if (s.model_type == "llama") targets = {{d, d}, {d, kv}};  // q_proj, v_proj
-  else targets = {{d, d}, {d, d}};  // query, value
+  if (!arch.fused.empty()) targets = {{d, 3 * d}};  // a fused q|k|v projection (GPT-2 c_attn)
+  else targets = {{d, d}, {d, kv}};                  // query, value
   const auto pm = m.peft.method;
   const double r = static_cast<double>(m.peft.r), pe = static_cast<double>(m.peft.experts);
   for (const auto& [in, out] : targets) {
@@ -127,7 +129,7 @@ FlopCount count_flops(const ModelSummary& s, const MethodCost& m, int64_t seq_le
   const double head = s.head == Head::kCausalLM || s.head == Head::kMaskedLM
                           ? d * static_cast<double>(s.vocab_size)
                           : s.head == Head::kSequenceClassification
-                                ? (s.model_type == "bert" ? d * d : 0.0) / T + d * static_cast<double>(s.num_labels) / T
+                                ? (arch.pooled_classifier ? d * d : 0.0) / T + d * static_cast<double>(s.num_labels) / T
                                 : 0.0;
   fw["attention_proj"] = L * proj;
   fw["attention_scores"] = L * scores;

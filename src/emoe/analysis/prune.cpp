@@ -6,7 +6,7 @@
 #include <numeric>
 
 #include "emoe/core/error.h"
-#include "emoe/moe/convert.h"
+#include "emoe/models/routed.h"
 
 namespace emoe {
 
@@ -30,17 +30,19 @@ std::vector<std::vector<int64_t>> most_used_experts(const UsageRecorder& usage, 
 }
 
 void apply_expert_pruning(PretrainedModelImpl& model, const std::vector<std::vector<int64_t>>& keep) {
-  auto plugs = moe_plugs(model);
-  EMOE_CHECK(keep.empty() || keep.size() == plugs.size(), InputError,
-             "pruning lists {} layers, the model has {} MoE layers", keep.size(), plugs.size());
-  for (size_t i = 0; i < plugs.size(); ++i) {
+  std::vector<Routed*> layers;
+  for (const auto& m : routed_ffn_plugs(model))
+    if (m.routed->supports_expert_mask()) layers.push_back(m.routed);
+  EMOE_CHECK(keep.empty() || keep.size() == layers.size(), InputError,
+             "pruning lists {} layers, the model has {} MoE layers", keep.size(), layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
     if (keep.empty()) {
-      plugs[i]->set_allowed_experts({});
+      layers[i]->set_allowed_experts({});
       continue;
     }
-    auto mask = torch::zeros({plugs[i]->config().experts}, torch::kBool);
+    auto mask = torch::zeros({layers[i]->num_experts()}, torch::kBool);
     for (auto e : keep[i]) mask[e] = true;
-    plugs[i]->set_allowed_experts(mask);
+    layers[i]->set_allowed_experts(mask);
   }
 }
 

@@ -9,10 +9,7 @@
 #include "emoe/core/error.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/io/hf_config.h"
-#include "emoe/models/linear.h"
-#include "emoe/moe/convert.h"
-#include "emoe/peft/ia3.h"
-#include "emoe/peft/molora.h"
+#include "emoe/models/routed.h"
 
 namespace emoe {
 namespace fs = std::filesystem;
@@ -24,47 +21,17 @@ std::vector<double> usage_to_vector(const torch::Tensor& t) {
   return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
 }
 
-// "bert.encoder.layer.3.attention..." -> 3
-int64_t usage_layer_of(const std::string& name) {
-  for (const char* marker : {".layer.", ".layers.", ".h."}) {
-    auto p = name.find(marker);
-    if (p == std::string::npos) continue;
-    p += std::string(marker).size();
-    size_t end = p;
-    while (end < name.size() && isdigit(static_cast<unsigned char>(name[end]))) ++end;
-    if (end > p) return std::stoll(name.substr(p, end - p));
-  }
-  return -1;
-}
-
 }  // namespace
 
 UsageRecorder::UsageRecorder(PretrainedModelImpl& model) {
-  for (auto* plug : moe_plugs(model)) {
+  for (const auto& m : routed_modules(model)) {
     UsageSource s;
-    s.name = fmt::format("layer {}", plug->layer());
-    s.kind = "selections";
-    s.experts = plug->config().experts;
-    s.layer = plug->layer();
-    s.take = [plug](bool training) { return usage_to_vector(plug->take_usage(training)); };
-    sources_.push_back(std::move(s));
-  }
-  for (const auto& m : model.named_modules()) {
-    auto* lin = dynamic_cast<LinearImpl*>(m.value().get());
-    if (!lin || !lin->adapter()) continue;
-    UsageSource s;
-    s.name = m.key();
-    s.kind = "router mass";
-    s.layer = usage_layer_of(m.key());
-    if (auto* mov = dynamic_cast<MovAdapter*>(lin->adapter().get())) {
-      s.experts = mov->experts();
-      s.take = [mov](bool training) { return usage_to_vector(mov->mass.take(training, mov->experts())); };
-    } else if (auto* mo = dynamic_cast<MoloraAdapter*>(lin->adapter().get())) {
-      s.experts = mo->options().experts;
-      s.take = [mo](bool training) { return usage_to_vector(mo->mass.take(training, mo->options().experts)); };
-    } else {
-      continue;
-    }
+    s.name = m.name;
+    s.kind = m.routed->usage_kind();
+    s.experts = m.routed->num_experts();
+    s.layer = m.layer;
+    Routed* r = m.routed;
+    s.take = [r](bool training) { return usage_to_vector(r->take_usage(training)); };
     sources_.push_back(std::move(s));
   }
 }

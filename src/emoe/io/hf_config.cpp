@@ -114,17 +114,4 @@ std::string first_architecture(const JsonFields& cfg) {
   return "";
 }
 
-std::string detect_model_type(const JsonFields& cfg) {
-  std::string t = cfg.get_string("model_type", "");
-  if (t.empty()) {
-    std::string a = first_architecture(cfg);
-    if (a.rfind("Bert", 0) == 0) t = "bert";
-    else if (a.rfind("GPT2", 0) == 0) t = "gpt2";
-    else if (a.rfind("Llama", 0) == 0) t = "llama";
-    else if (a.rfind("T5", 0) == 0) t = "t5";
-  }
-  if (t == "bert" || t == "gpt2" || t == "llama" || t == "t5") return t;
-  cfg.fail("model_type", fmt::format("expected one of bert, gpt2, llama, t5, got '{}'", t));
-}
-
 }  // namespace emoe

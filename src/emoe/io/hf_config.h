@@ -44,7 +44,4 @@ JsonFields read_model_config(const std::string& model_dir);
 // architectures[0] of config.json, or "" when absent.
 std::string first_architecture(const JsonFields& cfg);
 
-// "bert", "gpt2", "llama", "t5" from config.json's model_type (or architectures[0]).
-std::string detect_model_type(const JsonFields& cfg);
-
 }  // namespace emoe

@@ -115,6 +115,7 @@ class BertLayerImpl : public torch::nn::Module, public FfnSlot {
   }
   torch::nn::Module& ffn_owner() override { return *this; }
   std::string ffn_prefix() const override { return prefix_; }
+  std::string layer_prefix() const override { return prefix_; }
   int64_t layer_index() const override { return index_; }
 
  private:
@@ -308,6 +309,51 @@ ModelPtr make_bert(const JsonFields& config, Head head) {
                                                                 : "BertForMaskedLM"};
   model->set_config_json(j);
   return model;
+}
+
+namespace {
+
+nlohmann::json bert_pretrain_config(const PretrainShape& s) {
+  return {{"model_type", "bert"},
+          {"architectures", {"BertForMaskedLM"}},
+          {"vocab_size", s.vocab_size},
+          {"hidden_size", s.hidden},
+          {"num_hidden_layers", s.layers},
+          {"num_attention_heads", s.heads},
+          {"intermediate_size", s.intermediate},
+          {"max_position_embeddings", s.max_positions},
+          {"type_vocab_size", 2},
+          {"hidden_act", "gelu"},
+          {"hidden_dropout_prob", 0.1},
+          {"attention_probs_dropout_prob", 0.1},
+          {"layer_norm_eps", 1e-12},
+          {"initializer_range", 0.02},
+          {"pad_token_id", s.pad.value_or(0)}};
+}
+
+}  // namespace
+
+const Architecture& bert_architecture() {
+  static const Architecture a = [] {
+    Architecture t;
+    t.model_type = "bert";
+    t.display_name = "BERT";
+    t.class_prefixes = {"Bert"};
+    t.ffn_keys = "intermediate.dense";
+    // "layer.*.output.dense": plain "output.dense" would also catch attention.output.dense
+    t.peft.lora = {"query", "value"};
+    t.peft.scaling = {"key", "value", "layer.*.output.dense"};
+    t.peft.feedforward = {"layer.*.output.dense"};
+    t.peft.library_feedforward = {"output.dense"};
+    t.pretrained_head_prefixes = {"bert.pooler.", "cls.", "lm_head."};
+    t.pooled_classifier = true;
+    t.pretrain_objective = PretrainObjective::kMaskedLM;
+    t.pretrain_config = bert_pretrain_config;
+    t.default_head = bert_head_from_config;
+    t.make = make_bert;
+    return t;
+  }();
+  return a;
 }
 
 }  // namespace emoe

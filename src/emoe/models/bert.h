@@ -1,6 +1,7 @@
 // BERT (Hugging Face BertModel / BertForSequenceClassification / BertForMaskedLM).
 #pragma once
 #include "emoe/io/hf_config.h"
+#include "emoe/models/architecture.h"
 #include "emoe/models/model.h"
 
 namespace emoe {
@@ -23,5 +24,8 @@ struct BertConfig {
 ModelPtr make_bert(const JsonFields& config, Head head);
 // The head Hugging Face's `architectures[0]` names (BertForMaskedLM -> kMaskedLM, ...).
 Head bert_head_from_config(const JsonFields& config);
+
+// The family's traits (architecture.h), registered in architecture.cpp.
+const Architecture& bert_architecture();
 
 }  // namespace emoe

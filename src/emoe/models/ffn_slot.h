@@ -9,6 +9,8 @@
 
 namespace emoe {
 
+class Routed;
+
 // Neuron-major views of an FFN's current parameters (views: gradients flow through them and
 // in-place writes reach the parameters). Neuron i owns row i of w_in/b_in/w_up and column i
 // of w_out. Plain FFN: y = w_out act(w_in x + b_in) + b_out. Gated (Llama):
@@ -32,6 +34,15 @@ class FfnPlug : public torch::nn::Module {
   // x: [B, T, d]; token_mask: [B, T] (1 = real token) or undefined. Returns [B, T, d].
   virtual torch::Tensor run(const torch::Tensor& x, const torch::Tensor& token_mask,
                             FfnSlot& slot) = 0;
+  // Why an adapter on the layer's own Linear modules would be skipped while this plug runs, or
+  // "" when the plug computes through them; input_side: the key (and up) projections, else the
+  // output projection.
+  virtual std::string bypasses_linear(bool input_side) const {
+    (void)input_side;
+    return "its MoE plug does not run the FFN through the layer's Linear modules";
+  }
+  // The plug's routing (experts, usage, losses), or nullptr when it routes nothing.
+  virtual Routed* routed() { return nullptr; }
 };
 
 // Implemented by each architecture's transformer layer.
@@ -48,6 +59,8 @@ class FfnSlot {
   // checkpoint prefix, e.g. "model.layers.3.mlp".
   virtual torch::nn::Module& ffn_owner() = 0;
   virtual std::string ffn_prefix() const = 0;
+  // The transformer layer's own prefix ("model.layers.3"): the modules under it belong to it.
+  virtual std::string layer_prefix() const = 0;
   virtual int64_t layer_index() const = 0;
 
   // The FFN as the layer computes it: the plug when one is attached, else dense.

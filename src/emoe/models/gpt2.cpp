@@ -115,6 +115,7 @@ class Gpt2BlockImpl : public torch::nn::Module, public FfnSlot {
   }
   torch::nn::Module& ffn_owner() override { return *mlp_; }
   std::string ffn_prefix() const override { return fmt::format("transformer.h.{}.mlp", index_); }
+  std::string layer_prefix() const override { return fmt::format("transformer.h.{}", index_); }
   int64_t layer_index() const override { return index_; }
 
  private:
@@ -282,6 +283,48 @@ ModelPtr make_gpt2(const JsonFields& config, Head head) {
                                                                 : "GPT2LMHeadModel"};
   model->set_config_json(j);
   return model;
+}
+
+namespace {
+
+nlohmann::json gpt2_pretrain_config(const PretrainShape& s) {
+  return {{"model_type", "gpt2"},
+          {"architectures", {"GPT2LMHeadModel"}},
+          {"vocab_size", s.vocab_size},
+          {"n_embd", s.hidden},
+          {"n_layer", s.layers},
+          {"n_head", s.heads},
+          {"n_inner", s.intermediate},
+          {"n_positions", s.max_positions},
+          {"activation_function", "gelu_new"},
+          {"bos_token_id", s.bos.value_or(s.eos.value_or(0))},
+          {"eos_token_id", s.eos.value_or(0)}};
+}
+
+}  // namespace
+
+const Architecture& gpt2_architecture() {
+  static const Architecture a = [] {
+    Architecture t;
+    t.model_type = "gpt2";
+    t.display_name = "GPT-2";
+    t.class_prefixes = {"GPT2"};
+    t.ffn_keys = "mlp.c_fc";
+    t.conv1d_weights = true;
+    t.peft.lora = {"c_attn"};
+    t.peft.scaling = {"c_attn", "mlp.c_proj"};
+    t.peft.feedforward = {"mlp.c_proj"};
+    t.peft.library_feedforward = {"mlp.c_proj"};
+    // (IA)^3 and MoV scale the k and v parts of the fused projection, not q
+    t.fused = {{"attn.c_attn", {"q", "k", "v"}}};
+    t.pretrained_head_prefixes = {"lm_head."};
+    t.pretrain_objective = PretrainObjective::kCausalLM;
+    t.pretrain_config = gpt2_pretrain_config;
+    t.default_head = gpt2_head_from_config;
+    t.make = make_gpt2;
+    return t;
+  }();
+  return a;
 }
 
 }  // namespace emoe

@@ -1,6 +1,7 @@
 // GPT-2 (Hugging Face GPT2Model / GPT2LMHeadModel / GPT2ForSequenceClassification).
 #pragma once
 #include "emoe/io/hf_config.h"
+#include "emoe/models/architecture.h"
 #include "emoe/models/model.h"
 
 namespace emoe {
@@ -22,5 +23,8 @@ struct Gpt2Config {
 
 ModelPtr make_gpt2(const JsonFields& config, Head head);
 Head gpt2_head_from_config(const JsonFields& config);
+
+// The family's traits (architecture.h), registered in architecture.cpp.
+const Architecture& gpt2_architecture();
 
 }  // namespace emoe

@@ -4,6 +4,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "emoe/models/low_rank_linear.h"
@@ -11,6 +12,7 @@
 namespace emoe {
 
 class LinearImpl;
+class Routed;
 
 // PEFT methods (LoRA, (IA)^3, MoV, MoLoRA) wrap a Linear's computation through this hook.
 class LinearAdapter : public torch::nn::Module {
@@ -20,6 +22,10 @@ class LinearAdapter : public torch::nn::Module {
   // Adapters that are a low-rank update of the layer (LoRA) describe it here and return true;
   // fused_linear then folds the update into the layer's product (the offset is set by the caller).
   virtual bool low_rank_update(const LinearImpl& base, LowRankUpdate* update) const { return false; }
+  // The method's name for messages ("LoRA", "(IA)^3", ...).
+  virtual std::string kind() const { return "custom"; }
+  // The adapter's routing (MoV, MoLoRA), or nullptr.
+  virtual Routed* routed() { return nullptr; }
 };
 
 struct LinearOptions {

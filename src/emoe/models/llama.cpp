@@ -131,6 +131,7 @@ class LlamaLayerImpl : public torch::nn::Module, public FfnSlot {
   }
   torch::nn::Module& ffn_owner() override { return *mlp_; }
   std::string ffn_prefix() const override { return fmt::format("model.layers.{}.mlp", index_); }
+  std::string layer_prefix() const override { return fmt::format("model.layers.{}", index_); }
   int64_t layer_index() const override { return index_; }
 
  private:
@@ -161,6 +162,7 @@ class LlamaModelImpl : public PretrainedModelImpl {
     summary_.model_type = "llama";
     summary_.head = head;
     summary_.causal = true;
+    summary_.gated_ffn = true;
     summary_.num_layers = c.num_hidden_layers;
     summary_.hidden_size = c.hidden_size;
     summary_.num_heads = c.num_attention_heads;
@@ -295,6 +297,48 @@ ModelPtr make_llama(const JsonFields& config, Head head) {
                                                                 : "LlamaForCausalLM"};
   model->set_config_json(j);
   return model;
+}
+
+namespace {
+
+nlohmann::json llama_pretrain_config(const PretrainShape& s) {
+  return {{"model_type", "llama"},
+          {"architectures", {"LlamaForCausalLM"}},
+          {"vocab_size", s.vocab_size},
+          {"hidden_size", s.hidden},
+          {"intermediate_size", s.intermediate},
+          {"num_hidden_layers", s.layers},
+          {"num_attention_heads", s.heads},
+          {"num_key_value_heads", s.kv_heads > 0 ? s.kv_heads : s.heads},
+          {"max_position_embeddings", s.max_positions},
+          {"rms_norm_eps", 1e-5},
+          {"hidden_act", "silu"},
+          {"tie_word_embeddings", true},
+          {"bos_token_id", s.bos.value_or(1)},
+          {"eos_token_id", s.eos.value_or(2)}};
+}
+
+}  // namespace
+
+const Architecture& llama_architecture() {
+  static const Architecture a = [] {
+    Architecture t;
+    t.model_type = "llama";
+    t.display_name = "Llama";
+    t.class_prefixes = {"Llama"};
+    t.ffn_keys = "mlp.gate_proj";
+    t.peft.lora = {"q_proj", "v_proj"};
+    t.peft.scaling = {"k_proj", "v_proj", "down_proj"};
+    t.peft.feedforward = {"down_proj"};
+    t.peft.library_feedforward = {"down_proj"};
+    t.pretrained_head_prefixes = {"lm_head."};
+    t.pretrain_objective = PretrainObjective::kCausalLM;
+    t.pretrain_config = llama_pretrain_config;
+    t.default_head = llama_head_from_config;
+    t.make = make_llama;
+    return t;
+  }();
+  return a;
 }
 
 }  // namespace emoe

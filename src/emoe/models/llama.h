@@ -1,6 +1,7 @@
 // Llama (Hugging Face LlamaModel / LlamaForCausalLM / LlamaForSequenceClassification).
 #pragma once
 #include "emoe/io/hf_config.h"
+#include "emoe/models/architecture.h"
 #include "emoe/models/model.h"
 
 namespace emoe {
@@ -23,5 +24,8 @@ struct LlamaConfig {
 
 ModelPtr make_llama(const JsonFields& config, Head head);
 Head llama_head_from_config(const JsonFields& config);
+
+// The family's traits (architecture.h), registered in architecture.cpp.
+const Architecture& llama_architecture();
 
 }  // namespace emoe

@@ -11,22 +11,12 @@
 
 #include "emoe/core/error.h"
 #include "emoe/io/atomic_file.h"
-#include "emoe/models/bert.h"
-#include "emoe/models/gpt2.h"
-#include "emoe/models/llama.h"
-#include "emoe/models/t5.h"
+#include "emoe/models/architecture.h"
 
 namespace emoe {
 namespace fs = std::filesystem;
 
-Head default_head(const JsonFields& config) {
-  const std::string type = detect_model_type(config);
-  if (type == "bert") return bert_head_from_config(config);
-  if (type == "gpt2") return gpt2_head_from_config(config);
-  if (type == "llama") return llama_head_from_config(config);
-  if (type == "t5") return t5_head_from_config(config);
-  config.fail("model_type", fmt::format("model type '{}' is not supported yet", type));
-}
+Head default_head(const JsonFields& config) { return architecture_of(config).default_head(config); }
 
 namespace {
 
@@ -105,12 +95,7 @@ ModelPtr create_model(const JsonFields& config, Head head, std::optional<int64_t
     cfg = JsonFields(j, config.file());
   }
   check_config_sizes(cfg);
-  const std::string type = detect_model_type(cfg);
-  if (type == "bert") return make_bert(cfg, head);
-  if (type == "gpt2") return make_gpt2(cfg, head);
-  if (type == "llama") return make_llama(cfg, head);
-  if (type == "t5") return make_t5(cfg, head);
-  cfg.fail("model_type", fmt::format("model type '{}' is not supported yet", type));
+  return architecture_of(cfg).make(cfg, head);
 }
 
 namespace {

@@ -22,9 +22,10 @@ std::string head_name(Head h);
 Head parse_head(const std::string& name);
 
 struct ModelSummary {
-  std::string model_type;  // bert, gpt2, llama, t5
+  std::string model_type;  // config.json's model_type (architecture.h: its traits)
   Head head = Head::kBase;
   bool causal = false;     // decoder-only (GPT-2, Llama)
+  bool gated_ffn = false;  // FFN = w_out (act(w_in x) * (w_up x)) (Llama, T5 v1.1)
   // Encoder-decoder models (T5): num_layers counts the encoder's blocks and num_decoder_layers
   // the decoder's; ffn_slots() lists the encoder's FFNs first, then the decoder's. 0 otherwise.
   int64_t num_layers = 0, num_decoder_layers = 0, hidden_size = 0, num_heads = 0, num_kv_heads = 0;

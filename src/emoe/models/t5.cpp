@@ -291,6 +291,9 @@ class T5BlockImpl : public torch::nn::Module, public FfnSlot {
     return fmt::format("{}.block.{}.layer.{}.DenseReluDense", decoder_ ? "decoder" : "encoder",
                        index_, decoder_ ? 2 : 1);
   }
+  std::string layer_prefix() const override {
+    return fmt::format("{}.block.{}", decoder_ ? "decoder" : "encoder", index_);
+  }
   int64_t layer_index() const override { return slot_index_; }
 
  private:
@@ -399,6 +402,7 @@ class T5ModelImpl : public PretrainedModelImpl {
     summary_.model_type = "t5";
     summary_.head = head;
     summary_.causal = false;
+    summary_.gated_ffn = c.gated;
     summary_.num_layers = c.num_layers;
     summary_.num_decoder_layers = c.num_decoder_layers;
     summary_.hidden_size = c.d_model;
@@ -572,6 +576,60 @@ ModelPtr make_t5(const JsonFields& config, Head head) {
   j["architectures"] = {head == Head::kBase ? "T5Model" : "T5ForConditionalGeneration"};
   model->set_config_json(j);
   return model;
+}
+
+namespace {
+
+// T5 v1.0 layout: ReLU FFN, tied embeddings; the decoder starts with pad as T5 does
+nlohmann::json t5_pretrain_config(const PretrainShape& s) {
+  return {{"model_type", "t5"},
+          {"architectures", {"T5ForConditionalGeneration"}},
+          {"vocab_size", s.vocab_size},
+          {"d_model", s.hidden},
+          {"d_kv", s.hidden / s.heads},
+          {"d_ff", s.intermediate},
+          {"num_layers", s.layers},
+          {"num_decoder_layers", s.layers},
+          {"num_heads", s.heads},
+          {"relative_attention_num_buckets", 32},
+          {"relative_attention_max_distance", 128},
+          {"dropout_rate", 0.1},
+          {"layer_norm_epsilon", 1e-6},
+          {"initializer_factor", 1.0},
+          {"feed_forward_proj", "relu"},
+          {"tie_word_embeddings", true},
+          {"is_encoder_decoder", true},
+          {"pad_token_id", s.pad.value_or(0)},
+          {"eos_token_id", s.eos.value_or(1)},
+          {"decoder_start_token_id", s.pad.value_or(0)},
+          {"n_positions", s.max_positions}};
+}
+
+}  // namespace
+
+const Architecture& t5_architecture() {
+  static const Architecture a = [] {
+    Architecture t;
+    t.model_type = "t5";
+    t.display_name = "T5";
+    t.class_prefixes = {"T5"};
+    t.encoder_decoder = true;
+    t.ffn_keys = "DenseReluDense.wi (v1.1: wi_0)";
+    // PEFT's mappings; k, v (and q) also match the cross-attention's
+    t.peft.lora = {"q", "v"};
+    // MoLoRA where its paper ran it: every linear layer of the blocks (wi or wi_0 / wi_1, wo)
+    t.peft.molora = {"q", "k", "v", "o", "DenseReluDense.*"};
+    t.peft.scaling = {"k", "v", "wo"};
+    t.peft.feedforward = {"wo"};
+    t.peft.library_feedforward = {"wo"};
+    t.pretrained_head_prefixes = {"lm_head."};
+    t.pretrain_objective = PretrainObjective::kSpanCorruption;
+    t.pretrain_config = t5_pretrain_config;
+    t.default_head = t5_head_from_config;
+    t.make = make_t5;
+    return t;
+  }();
+  return a;
 }
 
 }  // namespace emoe

@@ -4,6 +4,7 @@
 
 #include "emoe/io/hf_config.h"
 #include "emoe/models/activation.h"
+#include "emoe/models/architecture.h"
 #include "emoe/models/model.h"
 
 namespace emoe {
@@ -36,5 +37,8 @@ at::Tensor t5_relative_position_bucket(const at::Tensor& relative_position, bool
 // Hugging Face's _shift_right: [start, labels[:, :-1]] with -100 replaced by pad.
 at::Tensor t5_shift_right(const at::Tensor& labels, int64_t decoder_start_token_id,
                           int64_t pad_token_id);
+
+// The family's traits (architecture.h), registered in architecture.cpp.
+const Architecture& t5_architecture();
 
 }  // namespace emoe

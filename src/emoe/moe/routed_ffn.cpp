@@ -95,6 +95,14 @@ torch::Tensor ExpertFfnImpl::compute(const torch::Tensor& x, const Routing& r, F
                                               : compute_dispatched(x, r, slot);
 }
 
+std::string ExpertFfnImpl::bypasses_linear(bool input_side) const {
+  if (cfg_.execution == Execution::kDispatched)
+    return "dispatched execution computes the FFN from raw weights";
+  if (input_side && cfg_.preact_dropout > 0)
+    return "pre-activation dropout computes the FFN input projection from raw weights";
+  return "";
+}
+
 torch::Tensor ExpertFfnImpl::compute_masked(const torch::Tensor& x, const Routing& r, FfnSlot& slot) {
   const int64_t n = x.size(0), e = cfg_.experts;
   torch::Tensor h;

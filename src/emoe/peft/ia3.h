@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "emoe/models/linear.h"
+#include "emoe/models/routed.h"
 #include "emoe/peft/router_mass.h"
 
 namespace emoe {
@@ -35,6 +36,7 @@ class Ia3Adapter : public LinearAdapter {
   // Output scaling of `range`, or input scaling when `feedforward` (range ignored).
   Ia3Adapter(const LinearImpl& base, bool feedforward, const ScaledRange& range);
   torch::Tensor adapt(const torch::Tensor& x, LinearImpl& base) override;
+  std::string kind() const override { return "(IA)^3"; }
 
   bool feedforward() const { return feedforward_; }
   const ScaledRange& range() const { return range_; }
@@ -53,12 +55,21 @@ class Ia3Adapter : public LinearAdapter {
 // scale = Σ_e p_e v_e, output a ⊙ scale. W_r [dim, E] (no bias) ~ N(0, 0.02²) and the vectors
 // v [E, dim] = ones; the router sees the activation it scales and runs in float32. Parameters:
 // mov_router[_suffix], mov_vectors[_suffix] per range.
-class MovAdapter : public LinearAdapter {
+class MovAdapter : public LinearAdapter, public Routed {
  public:
   // Output scaling of each range, or input scaling when `feedforward` (ranges ignored).
   MovAdapter(const LinearImpl& base, bool feedforward, std::vector<ScaledRange> ranges,
              int64_t experts, at::Generator& gen);
   torch::Tensor adapt(const torch::Tensor& x, LinearImpl& base) override;
+  std::string kind() const override { return "MoV"; }
+  Routed* routed() override { return this; }
+
+  // Routed: a soft mixture without an auxiliary loss
+  int64_t num_experts() const override { return experts_; }
+  int64_t top_k() const override { return 0; }
+  std::string usage_kind() const override { return "router mass"; }
+  at::Tensor take_usage(bool training) override { return mass.take(training, experts_); }
+  at::Tensor aux_loss() const override { return {}; }
 
   bool feedforward() const { return feedforward_; }
   const std::vector<ScaledRange>& ranges() const { return ranges_; }

@@ -32,6 +32,7 @@ class LoraAdapter : public LinearAdapter {
   LoraAdapter(const LinearImpl& base, const LoraOptions& options, at::Generator& gen);
 
   torch::Tensor adapt(const torch::Tensor& x, LinearImpl& base) override;
+  std::string kind() const override { return "LoRA"; }
   bool low_rank_update(const LinearImpl& base, LowRankUpdate* update) const override;
   // (alpha/r) B A as [out, in], computed in float32.
   torch::Tensor delta_weight() const;

@@ -3,6 +3,7 @@
 #include <ATen/core/Generator.h>
 
 #include "emoe/models/linear.h"
+#include "emoe/models/routed.h"
 #include "emoe/peft/router_mass.h"
 
 namespace emoe {
@@ -22,15 +23,23 @@ struct MoloraOptions {
 // molora_B [out, E·r]. A_e ~ N(0, 0.02²), B_e = 0; the router molora_router [E, in] (a Linear
 // without bias) ~ N(0, 0.02²) like MoV's. Top-k: the probabilities of the other experts are set
 // to 0 (not renormalised), and in training balance_weight · E Σ_e f_e P_e (Switch) is kept.
-class MoloraAdapter : public LinearAdapter {
+class MoloraAdapter : public LinearAdapter, public Routed {
  public:
   MoloraAdapter(const LinearImpl& base, const MoloraOptions& options, at::Generator& gen);
   torch::Tensor adapt(const torch::Tensor& x, LinearImpl& base) override;
+  std::string kind() const override { return "MoLoRA"; }
+  Routed* routed() override { return this; }
+
+  // Routed
+  int64_t num_experts() const override { return options_.experts; }
+  int64_t top_k() const override { return options_.topk; }
+  std::string usage_kind() const override { return "router mass"; }
+  at::Tensor take_usage(bool training) override { return mass.take(training, options_.experts); }
 
   double scaling() const { return options_.alpha / static_cast<double>(options_.r); }
   const MoloraOptions& options() const { return options_; }
   // Weighted balance loss of the last training forward (top-k with a weight > 0), or undefined.
-  const torch::Tensor& aux_loss() const { return aux_loss_; }
+  at::Tensor aux_loss() const override { return aux_loss_; }
 
   torch::Tensor molora_A, molora_B, molora_router;
   RouterMass mass;  // router probability mass (after top-k masking)

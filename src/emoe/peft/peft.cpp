@@ -8,6 +8,8 @@
 #include <set>
 
 #include "emoe/core/error.h"
+#include "emoe/models/architecture.h"
+#include "emoe/models/routed.h"
 #include "emoe/peft/ia3.h"
 #include "emoe/peft/lora.h"
 #include "emoe/peft/molora.h"
@@ -44,46 +46,26 @@ bool peft_scales(PeftMethod m) {
   return m == PeftMethod::kIa3 || m == PeftMethod::kMov;
 }
 
-// The defaults of SPEC §3.3, or nullopt for an architecture without them. BERT's FFN output is
-// "layer.*.output.dense": plain "output.dense" would also catch attention.output.dense.
+// The defaults of SPEC §3.3 (the architecture's traits), or nullopt for an unknown model type.
 std::optional<std::vector<std::string>> peft_defaults(PeftMethod m, const std::string& type,
                                                       bool feedforward) {
   if (m == PeftMethod::kNone) return std::vector<std::string>{};
   const bool scaling = peft_scales(m);
   if (feedforward && !scaling) return std::vector<std::string>{};
-  if (type == "bert") {
-    if (feedforward) return std::vector<std::string>{"layer.*.output.dense"};
-    if (scaling) return std::vector<std::string>{"key", "value", "layer.*.output.dense"};
-    return std::vector<std::string>{"query", "value"};
-  }
-  if (type == "gpt2") {
-    if (feedforward) return std::vector<std::string>{"mlp.c_proj"};
-    if (scaling) return std::vector<std::string>{"c_attn", "mlp.c_proj"};
-    return std::vector<std::string>{"c_attn"};
-  }
-  if (type == "llama") {
-    if (feedforward) return std::vector<std::string>{"down_proj"};
-    if (scaling) return std::vector<std::string>{"k_proj", "v_proj", "down_proj"};
-    return std::vector<std::string>{"q_proj", "v_proj"};
-  }
-  if (type == "t5") {  // PEFT's mappings; k, v (and q) also match the cross-attention's
-    if (feedforward) return std::vector<std::string>{"wo"};
-    // MoLoRA where its paper ran it: every linear layer of the blocks (wi or wi_0 / wi_1, wo)
-    if (m == PeftMethod::kMolora)
-      return std::vector<std::string>{"q", "k", "v", "o", "DenseReluDense.*"};
-    if (scaling) return std::vector<std::string>{"k", "v", "wo"};
-    return std::vector<std::string>{"q", "v"};
-  }
-  return std::nullopt;
+  const Architecture* arch = find_architecture(type);
+  if (!arch) return std::nullopt;
+  if (feedforward) return arch->peft.feedforward;
+  if (m == PeftMethod::kMolora && !arch->peft.molora.empty()) return arch->peft.molora;
+  return scaling ? arch->peft.scaling : arch->peft.lora;
 }
 
 std::vector<std::string> peft_defaults_or_throw(PeftMethod m, const std::string& type,
                                                 bool feedforward) {
   auto d = peft_defaults(m, type, feedforward);
   EMOE_CHECK(d.has_value(), UsageError,
-             "peft.targets: no default {} targets for model type '{}' (known: bert, gpt2, "
-             "llama, t5); give the targets explicitly",
-             to_string(m), type);
+             "peft.targets: no default {} targets for model type '{}' (known: {}); give the "
+             "targets explicitly",
+             to_string(m), type, known_model_types());
   return *d;
 }
 
@@ -99,13 +81,7 @@ void peft_validate(const PeftConfig& c) {
              c.balance_weight);
 }
 
-std::string peft_adapter_kind(const LinearAdapter* a) {
-  if (dynamic_cast<const LoraAdapter*>(a)) return "LoRA";
-  if (dynamic_cast<const Ia3Adapter*>(a)) return "(IA)^3";
-  if (dynamic_cast<const MovAdapter*>(a)) return "MoV";
-  if (dynamic_cast<const MoloraAdapter*>(a)) return "MoLoRA";
-  return "custom";
-}
+std::string peft_adapter_kind(const LinearAdapter* a) { return a->kind(); }
 
 bool peft_any_match(const std::vector<std::string>& targets, const std::string& name) {
   return std::any_of(targets.begin(), targets.end(),
@@ -219,6 +195,7 @@ std::vector<std::string> apply_peft(PretrainedModelImpl& model, const PeftConfig
 void select_trainable(PretrainedModelImpl& model, const PeftConfig& cfg,
                       const std::vector<std::string>& also_train) {
   if (cfg.method == PeftMethod::kNone) return;
+  const Architecture& arch = architecture_of(model.summary());
   std::set<const c10::TensorImpl*> adapter_params;
   for (const auto& l : named_linears(model)) {
     if (!l.linear->adapter()) continue;
@@ -233,8 +210,7 @@ void select_trainable(PretrainedModelImpl& model, const PeftConfig& cfg,
     // As PEFT's SEQ_CLS modules_to_save: the classifier / score train; the pretrained LM head,
     // the MLM head and BERT's pooler stay frozen (also_train can add them), so that a PEFT
     // adapter file holds everything the run changed.
-    const bool task_head = model.is_head_key(k) && k.rfind("lm_head.", 0) != 0 &&
-                           k.rfind("bert.pooler.", 0) != 0 && k.rfind("cls.", 0) != 0;
+    const bool task_head = model.is_head_key(k) && !arch.is_pretrained_head(k);
     bool train = adapter_params.count(p.value().unsafeGetTensorImpl()) > 0 || task_head;
     for (const auto& name : also_train)
       if (!name.empty() && ("." + k + ".").find("." + name + ".") != std::string::npos)
@@ -246,9 +222,9 @@ void select_trainable(PretrainedModelImpl& model, const PeftConfig& cfg,
 at::Tensor collect_peft_aux_loss(PretrainedModelImpl& model) {
   torch::Tensor total;
   for (const auto& l : named_linears(model)) {
-    auto* m = dynamic_cast<MoloraAdapter*>(l.linear->adapter().get());
-    if (!m || !m->aux_loss().defined()) continue;
-    total = total.defined() ? total + m->aux_loss() : m->aux_loss();
+    Routed* r = l.linear->adapter() ? l.linear->adapter()->routed() : nullptr;
+    const auto aux = r ? r->aux_loss() : torch::Tensor();
+    if (aux.defined()) total = total.defined() ? total + aux : aux;
   }
   return total;
 }

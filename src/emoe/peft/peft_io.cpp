@@ -12,6 +12,7 @@
 #include "emoe/io/atomic_file.h"
 #include "emoe/io/hf_config.h"
 #include "emoe/io/safetensors.h"
+#include "emoe/models/architecture.h"
 #include "emoe/peft/ia3.h"
 #include "emoe/peft/lora.h"
 #include "emoe/peft/peft.h"
@@ -180,12 +181,9 @@ void save_peft_adapter(PretrainedModelImpl& model, const PeftConfig& cfg, const 
 namespace {
 
 // PEFT 0.5.0's feed-forward defaults, which it applies when feedforward_modules is null.
-nlohmann::json peft_default_feedforward(const std::string& model_type) {
-  if (model_type == "bert") return nlohmann::json::array({"output.dense"});
-  if (model_type == "gpt2") return nlohmann::json::array({"mlp.c_proj"});
-  if (model_type == "llama") return nlohmann::json::array({"down_proj"});
-  if (model_type == "t5") return nlohmann::json::array({"wo"});
-  return nlohmann::json::array();
+nlohmann::json peft_default_feedforward(const ModelSummary& summary) {
+  const auto* arch = find_architecture(summary.model_type);
+  return arch ? nlohmann::json(arch->peft.library_feedforward) : nlohmann::json::array();
 }
 
 // True when the module at `path`, or one above it, is selected by modules_to_save.
@@ -289,7 +287,7 @@ PeftFileConfig peft_read_config(const nlohmann::json& j, const PretrainedModelIm
   } else if (c.method == PeftMethod::kIa3) {
     c.feedforward = get("feedforward_modules");
     if (c.feedforward.is_null())
-      c.feedforward = peft_default_feedforward(model.summary().model_type);
+      c.feedforward = peft_default_feedforward(model.summary());
     else if (!is_names(c.feedforward))
       bad("feedforward_modules", "null, a list of module names or a regex string", c.feedforward);
   }

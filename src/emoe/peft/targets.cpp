@@ -6,7 +6,8 @@
 #include <set>
 
 #include "emoe/core/error.h"
-#include "emoe/moe/routed_ffn.h"
+#include "emoe/models/architecture.h"
+#include "emoe/models/ffn_slot.h"
 
 namespace emoe {
 
@@ -77,9 +78,15 @@ std::vector<ScaledRange> scaled_output_ranges(const PretrainedModelImpl& model,
                                               const std::string& module_key,
                                               const LinearImpl& linear) {
   const auto& o = linear.options();
-  if (model.summary().model_type == "gpt2" && target_matches("attn.c_attn", module_key) &&
-      o.out == 3 * o.in)
-    return {ScaledRange{o.in, o.in, "k"}, ScaledRange{2 * o.in, o.in, "v"}};
+  for (const auto& fused : architecture_of(model.summary()).fused) {
+    const auto parts = static_cast<int64_t>(fused.parts.size());
+    if (!target_matches(fused.module, module_key) || o.out != parts * o.in) continue;
+    std::vector<ScaledRange> keys_values;  // (IA)^3 and MoV scale keys and values, not queries
+    for (int64_t i = 0; i < parts; ++i)
+      if (fused.parts[i] == "k" || fused.parts[i] == "v")
+        keys_values.push_back(ScaledRange{i * o.in, o.in, fused.parts[i]});
+    return keys_values;
+  }
   return {ScaledRange{0, o.out, ""}};
 }
 
@@ -93,18 +100,7 @@ void check_adapter_reaches(PretrainedModelImpl& model, const std::string& module
     const bool input_side = same(v.w_in) || same(v.w_up);
     const bool output_side = same(v.w_out);
     if (!input_side && !output_side) continue;
-    std::string why;
-    if (auto* expert = dynamic_cast<ExpertFfnImpl*>(slot->plug().get())) {
-      const auto& c = expert->config();
-      if (c.execution == Execution::kDispatched)
-        why = "dispatched execution computes the FFN from raw weights";
-      else if (input_side && c.preact_dropout > 0)
-        why = "pre-activation dropout computes the FFN input projection from raw weights";
-    } else if (dynamic_cast<UpcycledFfnImpl*>(slot->plug().get())) {
-      why = "GMoE experts 1..N-1 are copies that do not go through this layer";
-    } else {
-      why = "its MoE plug does not run the FFN through the layer's Linear modules";
-    }
+    const std::string why = slot->plug()->bypasses_linear(input_side);
     EMOE_CHECK(why.empty(), UsageError,
                "peft target {}: the layer's MoE plug bypasses this Linear ({}), so an adapter "
                "there would be skipped; use --execution masked or adapt other modules",

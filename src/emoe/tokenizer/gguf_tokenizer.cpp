@@ -102,9 +102,14 @@ std::unique_ptr<Tokenizer> sentencepiece_from_gguf(const GgufVocab& v) {
 }  // namespace
 
 std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufVocab& vocab) {
-  if (vocab.model == "bert") return wordpiece_from_gguf(vocab);
-  if (vocab.model == "gpt2") return bpe_from_gguf(vocab);
-  if (vocab.model == "llama") return sentencepiece_from_gguf(vocab);
+  // tokenizer.ggml.model names llama.cpp's tokenizer kinds (WPM, BPE, SPM), not architectures
+  using Builder = std::unique_ptr<Tokenizer> (*)(const GgufVocab&);
+  static const std::pair<const char*, Builder> kBuilders[] = {
+      {"bert", [](const GgufVocab& v) { return wordpiece_from_gguf(v); }},
+      {"gpt2", bpe_from_gguf},
+      {"llama", sentencepiece_from_gguf}};
+  for (const auto& [kind, build] : kBuilders)
+    if (vocab.model == kind) return build(vocab);
   EMOE_THROW(InputError,
              "{}: key 'tokenizer.ggml.model': '{}' is not supported (expected bert, gpt2 or "
              "llama)",

@@ -16,6 +16,7 @@
 #include "emoe/core/error.h"
 #include "emoe/core/runtime.h"
 #include "emoe/io/atomic_file.h"
+#include "emoe/models/architecture.h"
 #include "emoe/models/loader.h"
 #include "emoe/moe/convert.h"
 #include "emoe/tokenizer/tokenizer.h"
@@ -65,13 +66,14 @@ PretrainConfig PretrainConfig::from_json(const nlohmann::json& j, const std::str
 
 void PretrainConfig::validate() const {
   auto bad = [](const std::string& k, const std::string& w) { EMOE_THROW(InputError, "pretrain config: {}: {}", k, w); };
-  if (arch != "bert" && arch != "gpt2" && arch != "llama" && arch != "t5")
-    bad("arch", fmt::format("expected bert, gpt2, llama or t5, got '{}'", arch));
+  const Architecture* a = find_architecture(arch);
+  if (!a) bad("arch", fmt::format("expected {}, got '{}'", known_model_types(" or "), arch));
   if (corpus.empty()) bad("corpus", "required (a text file, one document per line)");
   if (hidden < 8 || layers < 1 || heads < 1 || intermediate < 1) bad("hidden/layers/heads/intermediate", "expected positive sizes");
   if (hidden % heads != 0) bad("hidden", fmt::format("hidden {} is not a multiple of heads {}", hidden, heads));
-  if (tokenizer == "train" && arch != "bert")
-    bad("tokenizer", "vocabulary training makes WordPiece (BERT) vocabularies; give a tokenizer folder for gpt2/llama/t5");
+  if (tokenizer == "train" && a->pretrain_objective != PretrainObjective::kMaskedLM)
+    bad("tokenizer", fmt::format("vocabulary training makes WordPiece (BERT) vocabularies; give a "
+                                 "tokenizer folder for {}", arch));
   if (steps < 1 || batch_size < 1) bad("steps/batch_size", "expected >= 1");
   if (max_length < 4 || max_length > max_positions) bad("max_length", fmt::format("expected 4..max_positions ({}), got {}", max_positions, max_length));
   if (mask_prob <= 0 || mask_prob >= 1) bad("mask_prob", "expected (0, 1)");
@@ -104,34 +106,19 @@ std::vector<std::string> pretrain_read_lines(const std::string& path) {
 }
 
 nlohmann::json pretrain_model_config(const PretrainConfig& c, const Tokenizer& tok) {
-  const int64_t v = tok.vocab_size();
   const auto& sp = tok.special();
-  if (c.arch == "bert")
-    return {{"model_type", "bert"}, {"architectures", {"BertForMaskedLM"}}, {"vocab_size", v},
-            {"hidden_size", c.hidden}, {"num_hidden_layers", c.layers}, {"num_attention_heads", c.heads},
-            {"intermediate_size", c.intermediate}, {"max_position_embeddings", c.max_positions},
-            {"type_vocab_size", 2}, {"hidden_act", "gelu"}, {"hidden_dropout_prob", 0.1},
-            {"attention_probs_dropout_prob", 0.1}, {"layer_norm_eps", 1e-12}, {"initializer_range", 0.02},
-            {"pad_token_id", sp.pad.value_or(0)}};
-  if (c.arch == "gpt2")
-    return {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", v},
-            {"n_embd", c.hidden}, {"n_layer", c.layers}, {"n_head", c.heads}, {"n_inner", c.intermediate},
-            {"n_positions", c.max_positions}, {"activation_function", "gelu_new"},
-            {"bos_token_id", sp.bos.value_or(sp.eos.value_or(0))}, {"eos_token_id", sp.eos.value_or(0)}};
-  if (c.arch == "t5")  // T5 v1.0 layout: ReLU FFN, tied embeddings; decoder starts with pad as T5 does
-    return {{"model_type", "t5"}, {"architectures", {"T5ForConditionalGeneration"}}, {"vocab_size", v},
-            {"d_model", c.hidden}, {"d_kv", c.hidden / c.heads}, {"d_ff", c.intermediate},
-            {"num_layers", c.layers}, {"num_decoder_layers", c.layers}, {"num_heads", c.heads},
-            {"relative_attention_num_buckets", 32}, {"relative_attention_max_distance", 128},
-            {"dropout_rate", 0.1}, {"layer_norm_epsilon", 1e-6}, {"initializer_factor", 1.0},
-            {"feed_forward_proj", "relu"}, {"tie_word_embeddings", true}, {"is_encoder_decoder", true},
-            {"pad_token_id", sp.pad.value_or(0)}, {"eos_token_id", sp.eos.value_or(1)},
-            {"decoder_start_token_id", sp.pad.value_or(0)}, {"n_positions", c.max_positions}};
-  return {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", v},
-          {"hidden_size", c.hidden}, {"intermediate_size", c.intermediate}, {"num_hidden_layers", c.layers},
-          {"num_attention_heads", c.heads}, {"num_key_value_heads", c.kv_heads > 0 ? c.kv_heads : c.heads},
-          {"max_position_embeddings", c.max_positions}, {"rms_norm_eps", 1e-5}, {"hidden_act", "silu"},
-          {"tie_word_embeddings", true}, {"bos_token_id", sp.bos.value_or(1)}, {"eos_token_id", sp.eos.value_or(2)}};
+  PretrainShape shape;
+  shape.vocab_size = tok.vocab_size();
+  shape.hidden = c.hidden;
+  shape.layers = c.layers;
+  shape.heads = c.heads;
+  shape.kv_heads = c.kv_heads;
+  shape.intermediate = c.intermediate;
+  shape.max_positions = c.max_positions;
+  shape.pad = sp.pad;
+  shape.bos = sp.bos;
+  shape.eos = sp.eos;
+  return find_architecture(c.arch)->pretrain_config(shape);
 }
 
 // BERT's masking: mask_prob of the non-special tokens; 80 % [MASK], 10 % random, 10 % kept.
@@ -210,10 +197,14 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
   auto t0 = std::chrono::steady_clock::now();
   configure_threads(cfg.threads);
   const auto device = parse_device(cfg.device);
+  const PretrainObjective objective = find_architecture(cfg.arch)->pretrain_objective;
+  // the encoder-decoder's objective: span corruption (or the autoencoder, t5_objective)
+  const bool seq2seq = objective == PretrainObjective::kSpanCorruption;
   auto lines = pretrain_read_lines(cfg.corpus);  // before anything is written
   if (cfg.tokenizer != "train") {  // a bad folder fails here too, before anything is written
     auto given = load_tokenizer(cfg.tokenizer);
-    EMOE_CHECK(cfg.arch != "t5" || cfg.t5_objective != "span-corruption" ||
+    EMOE_CHECK(objective != PretrainObjective::kSpanCorruption ||
+                   cfg.t5_objective != "span-corruption" ||
                    given->kind() == "sentencepiece" || given->token_to_id("<extra_id_0>"),
                InputError,
                "{}: t5_objective span-corruption needs <extra_id_N> sentinels and an eos token (a "
@@ -244,11 +235,10 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
   }
   auto tok = load_tokenizer(tok_dir);
   if (tok_dir != cfg.output) copy_tokenizer_files(tok_dir, cfg.output);
-  if (cfg.arch == "t5" && tok->kind() == "sentencepiece" && !tok->token_to_id("<extra_id_0>")) {
+  if (seq2seq && tok->kind() == "sentencepiece" && !tok->token_to_id("<extra_id_0>")) {
     pretrain_write_t5_tokenizer(cfg.output, cfg.max_positions);
     tok = load_tokenizer(cfg.output);
   }
-  const bool seq2seq = cfg.arch == "t5";
   const bool span = seq2seq && cfg.t5_objective == "span-corruption";
   std::vector<int64_t> sentinels;
   if (span) {
@@ -262,7 +252,7 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
                "SentencePiece tokenizer, saved as T5Tokenizer); use t5_objective=autoencoder",
                tok_dir);
   }
-  const bool mlm = cfg.arch == "bert";
+  const bool mlm = objective == PretrainObjective::kMaskedLM;
   std::optional<int64_t> mask_id;
   if (mlm) {
     mask_id = tok->special().mask;
