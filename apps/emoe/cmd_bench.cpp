@@ -16,7 +16,7 @@
 #include "emoe/core/subprocess.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/train/method.h"
-#include "emoe/train/model_io.h"
+#include "emoe/methods/model_folder.h"
 #include "emoe/train/optim.h"
 
 namespace emoe::cli {

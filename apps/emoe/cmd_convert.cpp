@@ -5,7 +5,7 @@
 #include "commands.h"
 #include "emoe/core/error.h"
 #include "emoe/moe/convert.h"
-#include "emoe/train/model_io.h"
+#include "emoe/methods/model_folder.h"
 #include "sample_text.h"
 
 namespace emoe::cli {

@@ -8,7 +8,7 @@
 #include "emoe/data/dataset.h"
 #include "emoe/eval/evaluate.h"
 #include "emoe/models/routed.h"
-#include "emoe/train/model_io.h"
+#include "emoe/methods/model_folder.h"
 
 namespace emoe::cli {
 namespace {

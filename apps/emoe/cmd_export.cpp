@@ -4,7 +4,7 @@
 #include "commands.h"
 #include "emoe/core/error.h"
 #include "emoe/moe/convert.h"
-#include "emoe/train/model_io.h"
+#include "emoe/methods/model_folder.h"
 
 namespace emoe::cli {
 namespace {

@@ -9,7 +9,7 @@
 #include "emoe/io/hf_config.h"
 #include "emoe/models/generate.h"
 #include "emoe/moe/convert.h"
-#include "emoe/train/model_io.h"
+#include "emoe/methods/model_folder.h"
 #include "emoe/tokenizer/tokenizer.h"
 
 namespace emoe::cli {

@@ -8,7 +8,7 @@
 #include "emoe/core/error.h"
 #include "emoe/io/safetensors.h"
 #include "emoe/moe/convert.h"
-#include "emoe/train/model_io.h"
+#include "emoe/methods/model_folder.h"
 #include "emoe/tokenizer/tokenizer.h"
 
 namespace emoe::cli {

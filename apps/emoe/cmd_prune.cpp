@@ -5,12 +5,12 @@
 #include <sstream>
 
 #include "commands.h"
-#include "emoe/analysis/prune.h"
+#include "emoe/moe/prune.h"
 #include "emoe/core/error.h"
 #include "emoe/data/batching.h"
 #include "emoe/eval/evaluate.h"
 #include "emoe/io/atomic_file.h"
-#include "emoe/train/model_io.h"
+#include "emoe/methods/model_folder.h"
 #include "emoe/train/run_config.h"
 #include "emoe/train/run_data.h"
 

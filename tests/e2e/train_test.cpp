@@ -6,7 +6,7 @@
 
 #include "emoe/core/error.h"
 #include "emoe/io/safetensors.h"
-#include "emoe/train/model_io.h"
+#include "emoe/methods/model_folder.h"
 #include "emoe/train/trainer.h"
 #include "support/test_support.h"
 

@@ -3,7 +3,7 @@
 #include "emoe/io/safetensors.h"
 #include "emoe/models/loader.h"
 #include "emoe/moe/convert.h"
-#include "emoe/train/model_io.h"
+#include "emoe/methods/model_folder.h"
 #include "support/test_support.h"
 
 using emoe::test::max_abs_diff_masked;

@@ -5,9 +5,9 @@
 
 #include "emoe/analysis/flops.h"
 #include "emoe/analysis/plot.h"
-#include "emoe/analysis/prune.h"
+#include "emoe/moe/prune.h"
 #include "emoe/analysis/report.h"
-#include "emoe/analysis/usage.h"
+#include "emoe/moe/usage.h"
 #include "emoe/core/error.h"
 #include "emoe/models/loader.h"
 #include "emoe/moe/convert.h"

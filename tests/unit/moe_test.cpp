@@ -5,7 +5,7 @@
 #include "emoe/models/loader.h"
 #include "emoe/moe/balance.h"
 #include "emoe/moe/convert.h"
-#include "emoe/train/model_io.h"
+#include "emoe/methods/model_folder.h"
 #include "emoe/moe/gates.h"
 #include "emoe/moe/moefication.h"
 #include "emoe/moe/routing.h"

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "emoe/analysis/plot.h"
-#include "emoe/analysis/usage.h"
+#include "emoe/moe/usage.h"
 #include "emoe/core/error.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/io/hf_config.h"

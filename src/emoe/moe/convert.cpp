@@ -291,30 +291,4 @@ MoeState moe_state_from_json(const JsonFields& j) {
   return st;
 }
 
-void copy_tokenizer_files(const std::string& from, const std::string& to) {
-  for (const char* f : {"tokenizer.json", "tokenizer.model", "spiece.model", "vocab.txt", "vocab.json", "merges.txt",
-                        "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                        "generation_config.json"}) {
-    auto src = fs::path(from) / f;
-    if (!fs::exists(src)) continue;
-    auto dst = fs::path(to) / f;
-    if (fs::exists(dst) && fs::equivalent(src, dst)) continue;
-    std::error_code ec;
-    fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
-    EMOE_CHECK(!ec, RuntimeError, "{}: cannot copy to {}: {}", src.string(), dst.string(), ec.message());
-  }
-}
-
-void save_moe_model(PretrainedModelImpl& model, const MoeState& state, const std::string& dir,
-                    const std::string& tokenizer_dir) {
-  save_model(model, dir, {{"emoe_moe", state.empty() ? "none" : to_string(state.config.method)}});
-  auto moe_path = (fs::path(dir) / "moe.json").string();
-  if (!state.empty()) {
-    write_text_atomic(moe_path, moe_state_to_json(state).dump(1) + "\n");
-  } else if (fs::exists(moe_path)) {
-    fs::remove(moe_path);
-  }
-  if (!tokenizer_dir.empty()) copy_tokenizer_files(tokenizer_dir, dir);
-}
-
 }  // namespace emoe

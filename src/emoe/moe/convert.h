@@ -53,13 +53,4 @@ torch::Tensor collect_aux_loss(PretrainedModelImpl& model);
 nlohmann::json moe_state_to_json(const MoeState& state);
 MoeState moe_state_from_json(const JsonFields& j);
 
-// Writes the model (config.json, model.safetensors with plug weights) and moe.json, and copies
-// the tokenizer files of `tokenizer_dir` when given.
-void save_moe_model(PretrainedModelImpl& model, const MoeState& state, const std::string& dir,
-                    const std::string& tokenizer_dir = "");
-
-
-// Copies tokenizer files (vocab, merges, tokenizer.model/json, configs) from one folder to another.
-void copy_tokenizer_files(const std::string& from, const std::string& to);
-
 }  // namespace emoe

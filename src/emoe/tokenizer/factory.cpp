@@ -72,4 +72,13 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   return tok;
 }
 
+const std::vector<std::string>& tokenizer_file_names() {
+  static const std::vector<std::string> names = {
+      "tokenizer.json",        "tokenizer.model",         "spiece.model",
+      "vocab.txt",             "vocab.json",              "merges.txt",
+      "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+      "generation_config.json"};
+  return names;
+}
+
 }  // namespace emoe

@@ -50,5 +50,8 @@ class Tokenizer {
 // (SentencePiece, LlamaTokenizer) or spiece.model (T5Tokenizer); tokenizer_config.json and special_tokens_map.json refine the settings.
 // Throws InputError naming the folder and the files it looked for when none is usable.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
+// The files of a model folder that make up its tokenizer (vocabularies, models, configs), for
+// copying a tokenizer along with a model.
+const std::vector<std::string>& tokenizer_file_names();
 
 }  // namespace emoe

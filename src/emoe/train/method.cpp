@@ -3,8 +3,8 @@
 
 #include <filesystem>
 
-#include "emoe/analysis/prune.h"
-#include "emoe/analysis/usage.h"
+#include "emoe/moe/prune.h"
+#include "emoe/moe/usage.h"
 #include "emoe/core/error.h"
 
 namespace emoe {

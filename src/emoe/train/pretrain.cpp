@@ -18,7 +18,7 @@
 #include "emoe/io/atomic_file.h"
 #include "emoe/models/architecture.h"
 #include "emoe/models/loader.h"
-#include "emoe/moe/convert.h"
+#include "emoe/methods/model_folder.h"
 #include "emoe/tokenizer/tokenizer.h"
 #include "emoe/tokenizer/wordpiece_trainer.h"
 #include "emoe/train/optim.h"

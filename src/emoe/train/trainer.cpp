@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "emoe/analysis/flops.h"
-#include "emoe/analysis/usage.h"
+#include "emoe/moe/usage.h"
 #include "emoe/core/error.h"
 #include "emoe/core/runtime.h"
 #include "emoe/data/batching.h"
@@ -26,7 +26,7 @@
 #include "emoe/io/safetensors.h"
 #include "emoe/train/checkpoint.h"
 #include "emoe/train/method.h"
-#include "emoe/train/model_io.h"
+#include "emoe/methods/model_folder.h"
 #include "emoe/train/optim.h"
 #include "emoe/train/precision.h"
 #include "emoe/train/progress.h"

@@ -1,5 +1,5 @@
 // Expert-usage recording.
-#include "emoe/analysis/usage.h"
+#include "emoe/moe/usage.h"
 
 #include <torch/torch.h>
 

@@ -1,5 +1,5 @@
 // Usage-based expert pruning.
-#include "emoe/analysis/prune.h"
+#include "emoe/moe/prune.h"
 
 #include <torch/torch.h>
 

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "emoe/analysis/usage.h"
+#include "emoe/moe/usage.h"
 #include "emoe/models/model.h"
 
 namespace emoe {

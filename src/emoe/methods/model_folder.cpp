@@ -1,10 +1,11 @@
 // Loading and saving model folders with MoE and PEFT attachments.
-#include "emoe/train/model_io.h"
+#include "emoe/methods/model_folder.h"
 
 #include <filesystem>
 
 #include "emoe/core/error.h"
 #include "emoe/io/atomic_file.h"
+#include "emoe/tokenizer/tokenizer.h"
 
 namespace emoe {
 namespace fs = std::filesystem;
@@ -73,6 +74,30 @@ void save_any_model(PretrainedModelImpl& model, const MoeState& moe, const PeftC
     write_text_atomic(peft_path, peft_config_to_json(peft).dump(1) + "\n");
   else if (fs::exists(peft_path))
     fs::remove(peft_path);
+}
+
+void copy_tokenizer_files(const std::string& from, const std::string& to) {
+  for (const auto& f : tokenizer_file_names()) {
+    auto src = fs::path(from) / f;
+    if (!fs::exists(src)) continue;
+    auto dst = fs::path(to) / f;
+    if (fs::exists(dst) && fs::equivalent(src, dst)) continue;
+    std::error_code ec;
+    fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
+    EMOE_CHECK(!ec, RuntimeError, "{}: cannot copy to {}: {}", src.string(), dst.string(), ec.message());
+  }
+}
+
+void save_moe_model(PretrainedModelImpl& model, const MoeState& state, const std::string& dir,
+                    const std::string& tokenizer_dir) {
+  save_model(model, dir, {{"emoe_moe", state.empty() ? "none" : to_string(state.config.method)}});
+  auto moe_path = (fs::path(dir) / "moe.json").string();
+  if (!state.empty()) {
+    write_text_atomic(moe_path, moe_state_to_json(state).dump(1) + "\n");
+  } else if (fs::exists(moe_path)) {
+    fs::remove(moe_path);
+  }
+  if (!tokenizer_dir.empty()) copy_tokenizer_files(tokenizer_dir, dir);
 }
 
 }  // namespace emoe

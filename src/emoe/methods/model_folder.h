@@ -1,5 +1,5 @@
-// Model folders with their attachments: moe.json (MoE conversion) and peft.json (adapters),
-// loaded and saved together, and the exports of a finished run.
+// Model folders with their attachments: moe.json (MoE conversion), peft.json (adapters) and the
+// tokenizer files, loaded and saved together. The command line loads and saves models only here.
 #pragma once
 #include <string>
 
@@ -20,5 +20,13 @@ ModelPtr load_any_model(const std::string& dir, const LoadOptions& options = {},
 // Writes config.json + model.safetensors (+ moe.json, peft.json when attached) + tokenizer files.
 void save_any_model(PretrainedModelImpl& model, const MoeState& moe, const PeftConfig& peft,
                     const std::string& dir, const std::string& tokenizer_dir);
+
+// Writes the model (config.json, model.safetensors with plug weights) and moe.json, and copies
+// the tokenizer files of `tokenizer_dir` when given.
+void save_moe_model(PretrainedModelImpl& model, const MoeState& state, const std::string& dir,
+                    const std::string& tokenizer_dir = "");
+
+// Copies tokenizer files (vocab, merges, tokenizer.model/json, configs) from one folder to another.
+void copy_tokenizer_files(const std::string& from, const std::string& to);
 
 }  // namespace emoe
