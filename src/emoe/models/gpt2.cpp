@@ -85,16 +85,8 @@ class Gpt2BlockImpl : public torch::nn::Module, public FfnSlot {
     auto h = ln_1_(x);
     auto qkv = c_attn_(h).split(c_.n_embd, -1);
     auto q = split_heads(qkv[0], c_.n_head);
-    auto k = split_heads(qkv[1], c_.n_head);
-    auto v = split_heads(qkv[2], c_.n_head);
-    if (kv) {
-      if (kv->k.defined()) {
-        k = torch::cat({kv->k, k}, 2);
-        v = torch::cat({kv->v, v}, 2);
-      }
-      kv->k = k;
-      kv->v = v;
-    }
+    const auto [k, v] =
+        append_kv(kv, split_heads(qkv[1], c_.n_head), split_heads(qkv[2], c_.n_head));
     auto a = merge_heads(scaled_attention(q, k, v, block_mask, scale_, c_.attn_pdrop, is_training(), probs));
     a = emoe::dropout(attn_proj_(a), c_.resid_pdrop, is_training());
     auto r = x + a;

@@ -101,16 +101,9 @@ class LlamaLayerImpl : public torch::nn::Module, public FfnSlot {
     auto h = in_norm_(x);
     auto qkv = fused_linear({q_.get(), k_.get(), v_.get()}, h);
     auto q = apply_rope(split_heads(qkv[0], c_.num_attention_heads), cos, sin);
-    auto k = apply_rope(split_heads(qkv[1], c_.num_key_value_heads), cos, sin);
-    auto v = split_heads(qkv[2], c_.num_key_value_heads);
-    if (kv) {
-      if (kv->k.defined()) {
-        k = torch::cat({kv->k, k}, 2);
-        v = torch::cat({kv->v, v}, 2);
-      }
-      kv->k = k;
-      kv->v = v;
-    }
+    const auto [k, v] =
+        append_kv(kv, apply_rope(split_heads(qkv[1], c_.num_key_value_heads), cos, sin),
+                  split_heads(qkv[2], c_.num_key_value_heads));
     double scale = 1.0 / std::sqrt(static_cast<double>(c_.head_dim()));
     auto a = o_(merge_heads(scaled_attention(q, k, v, block_mask, scale, 0.0, is_training(), probs)));
     auto r = x + a;
