@@ -197,19 +197,11 @@ class Gpt2ModelImpl : public PretrainedModelImpl {
                               in.output_attentions ? &probs : nullptr);
       if (in.output_attentions) out.attentions.push_back(probs);
     }
-    h = ln_f_(h);
-    if (in.output_hidden_states) out.hidden_states.push_back(h);
-    out.last_hidden_state = h;
-    if (head_ == Head::kCausalLM) {
-      causal_lm_head(h, lm_head_ ? lm_head_.get() : nullptr, wte_->weight, in, out);
-    } else if (head_ == Head::kSequenceClassification) {
-      auto all = score_(h);
-      auto idx = in.attention_mask.defined() ? last_real_token_index(in.attention_mask.to(dev))
-                                             : last_token_index(ids_d, c_.pad_token_id);
-      out.logits = all.index({torch::arange(b, idx.options()), idx});
-      if (in.labels.defined())
-        out.loss = sequence_classification_loss(out.logits, in.labels, c_.num_labels, c_.problem_type);
-    }
+    decoder_only_outputs(
+        ln_f_(h),
+        {head_, lm_head_ ? lm_head_.get() : nullptr, wte_->weight, score_ ? score_.get() : nullptr,
+         c_.pad_token_id, c_.num_labels, c_.problem_type},
+        in, out);
     return out;
   }
 

@@ -63,6 +63,25 @@ torch::Tensor token_cross_entropy(const torch::Tensor& logits, const torch::Tens
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
 }
 
+void decoder_only_outputs(const torch::Tensor& h, const DecoderHeads& heads, const ModelInputs& in,
+                          ModelOutputs& out) {
+  if (in.output_hidden_states) out.hidden_states.push_back(h);
+  out.last_hidden_state = h;
+  if (heads.head == Head::kCausalLM) {
+    causal_lm_head(h, heads.lm_head, heads.embedding, in, out);
+  } else if (heads.head == Head::kSequenceClassification) {
+    const auto dev = h.device();
+    auto all = heads.score->forward(h);
+    auto idx = in.attention_mask.defined()
+                   ? last_real_token_index(in.attention_mask.to(dev))
+                   : last_token_index(in.input_ids.to(dev), heads.pad_token_id);
+    out.logits = all.index({torch::arange(in.input_ids.size(0), idx.options()), idx});
+    if (in.labels.defined())
+      out.loss =
+          sequence_classification_loss(out.logits, in.labels, heads.num_labels, heads.problem_type);
+  }
+}
+
 torch::Tensor sequence_classification_loss(const torch::Tensor& logits,
                                            const torch::Tensor& labels, int64_t num_labels,
                                            const std::string& problem_type) {

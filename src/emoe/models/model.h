@@ -113,6 +113,23 @@ torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& l
 void causal_lm_head(const torch::Tensor& h, LinearImpl* lm_head, const torch::Tensor& tied_weight,
                     const ModelInputs& in, ModelOutputs& out);
 torch::Tensor token_cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels);
+
+// The heads of a decoder-only model (GPT-2, Llama) and what they need.
+struct DecoderHeads {
+  Head head = Head::kBase;
+  LinearImpl* lm_head = nullptr;  // causal LM; null: tied to `embedding`
+  torch::Tensor embedding;        // the input embedding matrix [vocab, H]
+  LinearImpl* score = nullptr;    // sequence classification
+  std::optional<int64_t> pad_token_id;
+  int64_t num_labels = 0;
+  std::string problem_type;
+};
+// The end of a decoder-only model's forward: `h` [B, T, H], the final norm's output, becomes the
+// last hidden state (and the last of hidden_states when asked); then the causal-LM head
+// (causal_lm_head), or the classifier scores each row's last real token (last_real_token_index
+// with an attention mask, else last_token_index), with the loss when labels are given.
+void decoder_only_outputs(const torch::Tensor& h, const DecoderHeads& heads, const ModelInputs& in,
+                          ModelOutputs& out);
 torch::Tensor sequence_classification_loss(const torch::Tensor& logits,
                                            const torch::Tensor& labels, int64_t num_labels,
                                            const std::string& problem_type);
