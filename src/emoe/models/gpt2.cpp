@@ -257,14 +257,13 @@ Head gpt2_head_from_config(const JsonFields& config) {
 }
 
 ModelPtr make_gpt2(const JsonFields& config, Head head) {
-  EMOE_CHECK(head == Head::kBase || head == Head::kSequenceClassification || head == Head::kCausalLM,
-             UsageError, "GPT-2 supports the heads base, seqcls and lm, not {}", head_name(head));
+  const std::string architecture =
+      head_class("GPT-2", head,
+                 {{Head::kBase, "GPT2Model"},
+                  {Head::kSequenceClassification, "GPT2ForSequenceClassification"},
+                  {Head::kCausalLM, "GPT2LMHeadModel"}});
   auto model = std::make_shared<Gpt2ModelImpl>(Gpt2Config::from_json(config), head);
-  auto j = config.raw();
-  j["architectures"] = {head == Head::kBase                     ? "GPT2Model"
-                        : head == Head::kSequenceClassification ? "GPT2ForSequenceClassification"
-                                                                : "GPT2LMHeadModel"};
-  model->set_config_json(j);
+  model->set_config_json(config_with_architecture(config, architecture));
   return model;
 }
 

@@ -271,14 +271,13 @@ Head llama_head_from_config(const JsonFields& config) {
 }
 
 ModelPtr make_llama(const JsonFields& config, Head head) {
-  EMOE_CHECK(head == Head::kBase || head == Head::kSequenceClassification || head == Head::kCausalLM,
-             UsageError, "Llama supports the heads base, seqcls and lm, not {}", head_name(head));
+  const std::string architecture =
+      head_class("Llama", head,
+                 {{Head::kBase, "LlamaModel"},
+                  {Head::kSequenceClassification, "LlamaForSequenceClassification"},
+                  {Head::kCausalLM, "LlamaForCausalLM"}});
   auto model = std::make_shared<LlamaModelImpl>(LlamaConfig::from_json(config), head);
-  auto j = config.raw();
-  j["architectures"] = {head == Head::kBase                     ? "LlamaModel"
-                        : head == Head::kSequenceClassification ? "LlamaForSequenceClassification"
-                                                                : "LlamaForCausalLM"};
-  model->set_config_json(j);
+  model->set_config_json(config_with_architecture(config, architecture));
   return model;
 }
 

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "emoe/core/error.h"
+#include "emoe/io/hf_config.h"
 #include "emoe/models/linear.h"
 #include "emoe/models/lm_loss.h"
 
@@ -28,6 +29,24 @@ Head parse_head(const std::string& name) {
   if (name == "lm" || name == "causal-lm") return Head::kCausalLM;
   if (name == "seq2seq-lm" || name == "s2s" || name == "seq2seq") return Head::kSeq2SeqLM;
   EMOE_THROW(UsageError, "--head: expected base, seqcls, mlm, lm or seq2seq-lm, got '{}'", name);
+}
+
+std::string head_class(const std::string& model, Head head,
+                       std::initializer_list<HeadClass> classes) {
+  std::string heads;
+  size_t i = 0;
+  for (const HeadClass& c : classes) {
+    if (c.head == head) return c.class_name;
+    heads += (i == 0 ? "" : i + 1 == classes.size() ? " and " : ", ") + head_name(c.head);
+    ++i;
+  }
+  EMOE_THROW(UsageError, "{} supports the heads {}, not {}", model, heads, head_name(head));
+}
+
+nlohmann::json config_with_architecture(const JsonFields& config, const std::string& class_name) {
+  auto j = config.raw();
+  j["architectures"] = {class_name};
+  return j;
 }
 
 std::shared_ptr<torch::nn::Module> container() { return std::make_shared<torch::nn::Module>(); }

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 
 namespace emoe {
 
+class JsonFields;
 class LinearImpl;
 
 // kSeq2SeqLM: an encoder-decoder language model (T5ForConditionalGeneration).
@@ -99,6 +101,18 @@ class PretrainedModelImpl : public torch::nn::Module {
   nlohmann::json config_json_;
 };
 using ModelPtr = std::shared_ptr<PretrainedModelImpl>;
+
+// An architecture's Hugging Face class for a head it supports (config.json's "architectures").
+struct HeadClass {
+  Head head;
+  const char* class_name;
+};
+// The class of `head` among the architecture's `classes`; UsageError "<model> supports the heads
+// base, seqcls and lm, not mlm" (the heads in the order given) when it is not among them.
+std::string head_class(const std::string& model, Head head,
+                       std::initializer_list<HeadClass> classes);
+// The config.json a model writes back: `config` with "architectures" = [class_name].
+nlohmann::json config_with_architecture(const JsonFields& config, const std::string& class_name);
 
 // An empty module that only names a level of the tree, so that named_parameters() spells
 // Hugging Face's keys (e.g. "attention" in bert.encoder.layer.0.attention.self.query).
