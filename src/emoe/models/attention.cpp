@@ -15,6 +15,19 @@ int64_t KvCache::length() const {
   return layers[0].k.size(2);
 }
 
+std::pair<at::Tensor, at::Tensor> append_kv(LayerKv* cache, const at::Tensor& k,
+                                            const at::Tensor& v) {
+  if (!cache) return {k, v};
+  if (cache->k.defined()) {
+    cache->k = torch::cat({cache->k, k}, 2);
+    cache->v = torch::cat({cache->v, v}, 2);
+  } else {
+    cache->k = k;
+    cache->v = v;
+  }
+  return {cache->k, cache->v};
+}
+
 at::Tensor build_block_mask(const at::Tensor& attention_mask, int64_t t, int64_t s, bool causal,
                             const at::Device& device) {
   at::Tensor blocked;

@@ -19,6 +19,12 @@ struct KvCache {
   int64_t length() const;  // number of cached positions (0 when empty)
 };
 
+// Appends one step's keys and values [B, kv_heads, T, D] to `cache` after its cached positions
+// (or stores them in an empty one) and returns the keys and values over every position. Without
+// a cache (nullptr), k and v themselves.
+std::pair<at::Tensor, at::Tensor> append_kv(LayerKv* cache, const at::Tensor& k,
+                                            const at::Tensor& v);
+
 // Boolean "blocked" mask [B or 1, 1, T, S] for T queries over S keys, of which the first
 // S - T are cached past positions. attention_mask is [B, S] (1 = real token) or undefined.
 // Returns an undefined tensor when nothing is blocked.

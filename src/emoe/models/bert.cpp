@@ -300,14 +300,13 @@ Head bert_head_from_config(const JsonFields& config) {
 }
 
 ModelPtr make_bert(const JsonFields& config, Head head) {
-  EMOE_CHECK(head == Head::kBase || head == Head::kSequenceClassification || head == Head::kMaskedLM,
-             UsageError, "BERT supports the heads base, seqcls and mlm, not {}", head_name(head));
+  const std::string architecture =
+      head_class("BERT", head,
+                 {{Head::kBase, "BertModel"},
+                  {Head::kSequenceClassification, "BertForSequenceClassification"},
+                  {Head::kMaskedLM, "BertForMaskedLM"}});
   auto model = std::make_shared<BertModelImpl>(BertConfig::from_json(config), head);
-  auto j = config.raw();
-  j["architectures"] = {head == Head::kBase                     ? "BertModel"
-                        : head == Head::kSequenceClassification ? "BertForSequenceClassification"
-                                                                : "BertForMaskedLM"};
-  model->set_config_json(j);
+  model->set_config_json(config_with_architecture(config, architecture));
   return model;
 }
 

@@ -85,16 +85,8 @@ class Gpt2BlockImpl : public torch::nn::Module, public FfnSlot {
     auto h = ln_1_(x);
     auto qkv = c_attn_(h).split(c_.n_embd, -1);
     auto q = split_heads(qkv[0], c_.n_head);
-    auto k = split_heads(qkv[1], c_.n_head);
-    auto v = split_heads(qkv[2], c_.n_head);
-    if (kv) {
-      if (kv->k.defined()) {
-        k = torch::cat({kv->k, k}, 2);
-        v = torch::cat({kv->v, v}, 2);
-      }
-      kv->k = k;
-      kv->v = v;
-    }
+    const auto [k, v] =
+        append_kv(kv, split_heads(qkv[1], c_.n_head), split_heads(qkv[2], c_.n_head));
     auto a = merge_heads(scaled_attention(q, k, v, block_mask, scale_, c_.attn_pdrop, is_training(), probs));
     a = emoe::dropout(attn_proj_(a), c_.resid_pdrop, is_training());
     auto r = x + a;
@@ -206,19 +198,11 @@ class Gpt2ModelImpl : public PretrainedModelImpl {
                               in.output_attentions ? &probs : nullptr);
       if (in.output_attentions) out.attentions.push_back(probs);
     }
-    h = ln_f_(h);
-    if (in.output_hidden_states) out.hidden_states.push_back(h);
-    out.last_hidden_state = h;
-    if (head_ == Head::kCausalLM) {
-      causal_lm_head(h, lm_head_ ? lm_head_.get() : nullptr, wte_->weight, in, out);
-    } else if (head_ == Head::kSequenceClassification) {
-      auto all = score_(h);
-      auto idx = in.attention_mask.defined() ? last_real_token_index(in.attention_mask.to(dev))
-                                             : last_token_index(ids_d, c_.pad_token_id);
-      out.logits = all.index({torch::arange(b, idx.options()), idx});
-      if (in.labels.defined())
-        out.loss = sequence_classification_loss(out.logits, in.labels, c_.num_labels, c_.problem_type);
-    }
+    decoder_only_outputs(
+        ln_f_(h),
+        {head_, lm_head_ ? lm_head_.get() : nullptr, wte_->weight, score_ ? score_.get() : nullptr,
+         c_.pad_token_id, c_.num_labels, c_.problem_type},
+        in, out);
     return out;
   }
 
@@ -274,14 +258,13 @@ Head gpt2_head_from_config(const JsonFields& config) {
 }
 
 ModelPtr make_gpt2(const JsonFields& config, Head head) {
-  EMOE_CHECK(head == Head::kBase || head == Head::kSequenceClassification || head == Head::kCausalLM,
-             UsageError, "GPT-2 supports the heads base, seqcls and lm, not {}", head_name(head));
+  const std::string architecture =
+      head_class("GPT-2", head,
+                 {{Head::kBase, "GPT2Model"},
+                  {Head::kSequenceClassification, "GPT2ForSequenceClassification"},
+                  {Head::kCausalLM, "GPT2LMHeadModel"}});
   auto model = std::make_shared<Gpt2ModelImpl>(Gpt2Config::from_json(config), head);
-  auto j = config.raw();
-  j["architectures"] = {head == Head::kBase                     ? "GPT2Model"
-                        : head == Head::kSequenceClassification ? "GPT2ForSequenceClassification"
-                                                                : "GPT2LMHeadModel"};
-  model->set_config_json(j);
+  model->set_config_json(config_with_architecture(config, architecture));
   return model;
 }
 

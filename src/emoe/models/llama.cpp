@@ -101,16 +101,9 @@ class LlamaLayerImpl : public torch::nn::Module, public FfnSlot {
     auto h = in_norm_(x);
     auto qkv = fused_linear({q_.get(), k_.get(), v_.get()}, h);
     auto q = apply_rope(split_heads(qkv[0], c_.num_attention_heads), cos, sin);
-    auto k = apply_rope(split_heads(qkv[1], c_.num_key_value_heads), cos, sin);
-    auto v = split_heads(qkv[2], c_.num_key_value_heads);
-    if (kv) {
-      if (kv->k.defined()) {
-        k = torch::cat({kv->k, k}, 2);
-        v = torch::cat({kv->v, v}, 2);
-      }
-      kv->k = k;
-      kv->v = v;
-    }
+    const auto [k, v] =
+        append_kv(kv, apply_rope(split_heads(qkv[1], c_.num_key_value_heads), cos, sin),
+                  split_heads(qkv[2], c_.num_key_value_heads));
     double scale = 1.0 / std::sqrt(static_cast<double>(c_.head_dim()));
     auto a = o_(merge_heads(scaled_attention(q, k, v, block_mask, scale, 0.0, is_training(), probs)));
     auto r = x + a;
@@ -219,19 +212,11 @@ class LlamaModelImpl : public PretrainedModelImpl {
                               in.output_attentions ? &probs : nullptr);
       if (in.output_attentions) out.attentions.push_back(probs);
     }
-    h = norm_(h);
-    if (in.output_hidden_states) out.hidden_states.push_back(h);
-    out.last_hidden_state = h;
-    if (head_ == Head::kCausalLM) {
-      causal_lm_head(h, lm_head_ ? lm_head_.get() : nullptr, embed_->weight, in, out);
-    } else if (head_ == Head::kSequenceClassification) {
-      auto all = score_(h);
-      auto idx = in.attention_mask.defined() ? last_real_token_index(in.attention_mask.to(dev))
-                                             : last_token_index(ids_d, c_.pad_token_id);
-      out.logits = all.index({torch::arange(b, idx.options()), idx});
-      if (in.labels.defined())
-        out.loss = sequence_classification_loss(out.logits, in.labels, c_.num_labels, c_.problem_type);
-    }
+    decoder_only_outputs(
+        norm_(h),
+        {head_, lm_head_ ? lm_head_.get() : nullptr, embed_->weight,
+         score_ ? score_.get() : nullptr, c_.pad_token_id, c_.num_labels, c_.problem_type},
+        in, out);
     return out;
   }
 
@@ -288,14 +273,13 @@ Head llama_head_from_config(const JsonFields& config) {
 }
 
 ModelPtr make_llama(const JsonFields& config, Head head) {
-  EMOE_CHECK(head == Head::kBase || head == Head::kSequenceClassification || head == Head::kCausalLM,
-             UsageError, "Llama supports the heads base, seqcls and lm, not {}", head_name(head));
+  const std::string architecture =
+      head_class("Llama", head,
+                 {{Head::kBase, "LlamaModel"},
+                  {Head::kSequenceClassification, "LlamaForSequenceClassification"},
+                  {Head::kCausalLM, "LlamaForCausalLM"}});
   auto model = std::make_shared<LlamaModelImpl>(LlamaConfig::from_json(config), head);
-  auto j = config.raw();
-  j["architectures"] = {head == Head::kBase                     ? "LlamaModel"
-                        : head == Head::kSequenceClassification ? "LlamaForSequenceClassification"
-                                                                : "LlamaForCausalLM"};
-  model->set_config_json(j);
+  model->set_config_json(config_with_architecture(config, architecture));
   return model;
 }
 

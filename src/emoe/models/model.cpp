@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "emoe/core/error.h"
+#include "emoe/io/hf_config.h"
 #include "emoe/models/linear.h"
 #include "emoe/models/lm_loss.h"
 
@@ -28,6 +29,24 @@ Head parse_head(const std::string& name) {
   if (name == "lm" || name == "causal-lm") return Head::kCausalLM;
   if (name == "seq2seq-lm" || name == "s2s" || name == "seq2seq") return Head::kSeq2SeqLM;
   EMOE_THROW(UsageError, "--head: expected base, seqcls, mlm, lm or seq2seq-lm, got '{}'", name);
+}
+
+std::string head_class(const std::string& model, Head head,
+                       std::initializer_list<HeadClass> classes) {
+  std::string heads;
+  size_t i = 0;
+  for (const HeadClass& c : classes) {
+    if (c.head == head) return c.class_name;
+    heads += (i == 0 ? "" : i + 1 == classes.size() ? " and " : ", ") + head_name(c.head);
+    ++i;
+  }
+  EMOE_THROW(UsageError, "{} supports the heads {}, not {}", model, heads, head_name(head));
+}
+
+nlohmann::json config_with_architecture(const JsonFields& config, const std::string& class_name) {
+  auto j = config.raw();
+  j["architectures"] = {class_name};
+  return j;
 }
 
 std::shared_ptr<torch::nn::Module> container() { return std::make_shared<torch::nn::Module>(); }
@@ -61,6 +80,25 @@ torch::Tensor token_cross_entropy(const torch::Tensor& logits, const torch::Tens
       logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
       labels.reshape({-1}).to(logits.device()),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+}
+
+void decoder_only_outputs(const torch::Tensor& h, const DecoderHeads& heads, const ModelInputs& in,
+                          ModelOutputs& out) {
+  if (in.output_hidden_states) out.hidden_states.push_back(h);
+  out.last_hidden_state = h;
+  if (heads.head == Head::kCausalLM) {
+    causal_lm_head(h, heads.lm_head, heads.embedding, in, out);
+  } else if (heads.head == Head::kSequenceClassification) {
+    const auto dev = h.device();
+    auto all = heads.score->forward(h);
+    auto idx = in.attention_mask.defined()
+                   ? last_real_token_index(in.attention_mask.to(dev))
+                   : last_token_index(in.input_ids.to(dev), heads.pad_token_id);
+    out.logits = all.index({torch::arange(in.input_ids.size(0), idx.options()), idx});
+    if (in.labels.defined())
+      out.loss =
+          sequence_classification_loss(out.logits, in.labels, heads.num_labels, heads.problem_type);
+  }
 }
 
 torch::Tensor sequence_classification_loss(const torch::Tensor& logits,

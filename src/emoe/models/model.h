@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 
 namespace emoe {
 
+class JsonFields;
 class LinearImpl;
 
 // kSeq2SeqLM: an encoder-decoder language model (T5ForConditionalGeneration).
@@ -101,6 +103,18 @@ class PretrainedModelImpl : public torch::nn::Module {
 };
 using ModelPtr = std::shared_ptr<PretrainedModelImpl>;
 
+// An architecture's Hugging Face class for a head it supports (config.json's "architectures").
+struct HeadClass {
+  Head head;
+  const char* class_name;
+};
+// The class of `head` among the architecture's `classes`; UsageError "<model> supports the heads
+// base, seqcls and lm, not mlm" (the heads in the order given) when it is not among them.
+std::string head_class(const std::string& model, Head head,
+                       std::initializer_list<HeadClass> classes);
+// The config.json a model writes back: `config` with "architectures" = [class_name].
+nlohmann::json config_with_architecture(const JsonFields& config, const std::string& class_name);
+
 // An empty module that only names a level of the tree, so that named_parameters() spells
 // Hugging Face's keys (e.g. "attention" in bert.encoder.layer.0.attention.self.query).
 std::shared_ptr<torch::nn::Module> container();
@@ -114,6 +128,23 @@ torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& l
 void causal_lm_head(const torch::Tensor& h, LinearImpl* lm_head, const torch::Tensor& tied_weight,
                     const ModelInputs& in, ModelOutputs& out);
 torch::Tensor token_cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels);
+
+// The heads of a decoder-only model (GPT-2, Llama) and what they need.
+struct DecoderHeads {
+  Head head = Head::kBase;
+  LinearImpl* lm_head = nullptr;  // causal LM; null: tied to `embedding`
+  torch::Tensor embedding;        // the input embedding matrix [vocab, H]
+  LinearImpl* score = nullptr;    // sequence classification
+  std::optional<int64_t> pad_token_id;
+  int64_t num_labels = 0;
+  std::string problem_type;
+};
+// The end of a decoder-only model's forward: `h` [B, T, H], the final norm's output, becomes the
+// last hidden state (and the last of hidden_states when asked); then the causal-LM head
+// (causal_lm_head), or the classifier scores each row's last real token (last_real_token_index
+// with an attention mask, else last_token_index), with the loss when labels are given.
+void decoder_only_outputs(const torch::Tensor& h, const DecoderHeads& heads, const ModelInputs& in,
+                          ModelOutputs& out);
 torch::Tensor sequence_classification_loss(const torch::Tensor& logits,
                                            const torch::Tensor& labels, int64_t num_labels,
                                            const std::string& problem_type);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "emoe/core/error.h"
 #include "emoe/models/dropout.h"
@@ -182,16 +183,8 @@ class T5AttentionImpl : public torch::nn::Module {
     if (!source.defined()) {
       auto qkv = fused_linear({q_.get(), k_.get(), v_.get()}, x);
       q = split_heads(qkv[0], c_.num_heads);
-      k = split_heads(qkv[1], c_.num_heads);
-      v = split_heads(qkv[2], c_.num_heads);
-      if (kv) {
-        if (kv->k.defined()) {
-          k = torch::cat({kv->k, k}, 2);
-          v = torch::cat({kv->v, v}, 2);
-        }
-        kv->k = k;
-        kv->v = v;
-      }
+      std::tie(k, v) =
+          append_kv(kv, split_heads(qkv[1], c_.num_heads), split_heads(qkv[2], c_.num_heads));
     } else {
       q = split_heads(q_(x), c_.num_heads);
       if (kv && kv->k.defined()) {
@@ -199,12 +192,9 @@ class T5AttentionImpl : public torch::nn::Module {
         v = kv->v;
       } else {
         auto kvs = fused_linear({k_.get(), v_.get()}, source);
-        k = split_heads(kvs[0], c_.num_heads);
-        v = split_heads(kvs[1], c_.num_heads);
-        if (kv) {
-          kv->k = k;
-          kv->v = v;
-        }
+        // computed once: an empty cache keeps them for the next steps
+        std::tie(k, v) =
+            append_kv(kv, split_heads(kvs[0], c_.num_heads), split_heads(kvs[1], c_.num_heads));
       }
     }
     auto scores = torch::matmul(q, k.transpose(-2, -1));

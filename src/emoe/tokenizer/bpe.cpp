@@ -191,16 +191,7 @@ std::vector<BpeMerge> read_merges_txt(const std::string& path) {
 }
 
 SpecialTokenRoles gpt2_special_roles(const TokenizerConfig& config) {
-  SpecialTokenRoles roles;
-  roles.bos = config.special_token("bos_token", "<|endoftext|>", true);
-  roles.eos = config.special_token("eos_token", "<|endoftext|>", true);
-  roles.unk = config.special_token("unk_token", "<|endoftext|>", true);
-  roles.pad = config.special_token("pad_token", std::nullopt, true);
-  roles.sep = config.special_token("sep_token", std::nullopt, true);
-  roles.cls = config.special_token("cls_token", std::nullopt, true);
-  roles.mask = config.special_token("mask_token", std::nullopt, true);
-  roles.additional = config.additional_special_tokens(true);
-  return roles;
+  return wrapped_special_roles(config, "<|endoftext|>", "<|endoftext|>", "<|endoftext|>");
 }
 
 std::unique_ptr<BpeTokenizer> load_bpe(const std::string& dir, const TokenizerConfig& config) {

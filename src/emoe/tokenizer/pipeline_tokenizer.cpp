@@ -2,6 +2,7 @@
 #include "emoe/tokenizer/pipeline_tokenizer.h"
 
 #include "emoe/core/error.h"
+#include "emoe/tokenizer/tokenizer_config.h"
 #include "emoe/tokenizer/truncation.h"
 
 namespace emoe {
@@ -159,6 +160,20 @@ std::string PipelineTokenizer::decode(const std::vector<int64_t>& ids,
     text += sub_texts[i];
   }
   return clean_up_ ? clean_up_tokenization(std::move(text)) : text;
+}
+
+SpecialTokenRoles wrapped_special_roles(const TokenizerConfig& config, const std::string& bos,
+                                        const std::string& eos, const std::string& unk) {
+  SpecialTokenRoles roles;
+  roles.bos = config.special_token("bos_token", bos, true);
+  roles.eos = config.special_token("eos_token", eos, true);
+  roles.unk = config.special_token("unk_token", unk, true);
+  roles.pad = config.special_token("pad_token", std::nullopt, true);
+  roles.sep = config.special_token("sep_token", std::nullopt, true);
+  roles.cls = config.special_token("cls_token", std::nullopt, true);
+  roles.mask = config.special_token("mask_token", std::nullopt, true);
+  roles.additional = config.additional_special_tokens(true);
+  return roles;
 }
 
 }  // namespace emoe

@@ -18,6 +18,12 @@ struct SpecialTokenRoles {
   std::vector<AddedToken> additional;
 };
 
+class TokenizerConfig;
+// The roles of a class that wraps plain strings in AddedToken (GPT2Tokenizer, LlamaTokenizer):
+// bos, eos and unk fall back to the class's tokens, the others only exist when configured.
+SpecialTokenRoles wrapped_special_roles(const TokenizerConfig& config, const std::string& bos,
+                                        const std::string& eos, const std::string& unk);
+
 // transformers 4.33 PreTrainedTokenizer: added-token splitting, the template with truncation,
 // and _decode (special-token skipping, added tokens kept apart, clean-up of spaces). Subclasses
 // supply the model: text -> ids, ids -> string, and the vocabulary.

@@ -145,16 +145,7 @@ std::string SentencePieceTokenizer::tokens_to_string(const std::vector<int64_t>&
 }
 
 SpecialTokenRoles llama_special_roles(const TokenizerConfig& config) {
-  SpecialTokenRoles roles;
-  roles.bos = config.special_token("bos_token", "<s>", true);
-  roles.eos = config.special_token("eos_token", "</s>", true);
-  roles.unk = config.special_token("unk_token", "<unk>", true);
-  roles.pad = config.special_token("pad_token", std::nullopt, true);
-  roles.sep = config.special_token("sep_token", std::nullopt, true);
-  roles.cls = config.special_token("cls_token", std::nullopt, true);
-  roles.mask = config.special_token("mask_token", std::nullopt, true);
-  roles.additional = config.additional_special_tokens(true);
-  return roles;
+  return wrapped_special_roles(config, "<s>", "</s>", "<unk>");
 }
 
 namespace {
