@@ -18,6 +18,10 @@ struct Case {
 const std::vector<Case> kCases = {{"fixtures/tiny/bert_seqcls", 4},
                                   {"fixtures/tiny/gpt2_lm", 4},
                                   {"fixtures/tiny/llama_lm", 4},
+                                  {"fixtures/tiny/llama3_lm", 4},
+                                  {"fixtures/tiny/mistral_lm", 4},
+                                  {"fixtures/tiny/qwen2_lm", 4},
+                                  {"fixtures/tiny/qwen3_lm", 4},
                                   {"models/stories260K/hf", 4}};
 
 // A right-padded batch of random ids with a few pads, valid for every model here.

@@ -158,7 +158,10 @@ TEST(ConfigValidation, InvariantsNameBothValues) {
       {[](auto& j) { j["num_hidden_layers"] = 0; }, "field 'num_hidden_layers': expected a positive integer, got 0"},
       {[](auto& j) { j["hidden_act"] = "swiglu9"; }, "field 'hidden_act'"},
       {[](auto& j) { j["model_type"] = "mamba"; }, "field 'model_type'"},
-      {[](auto& j) { j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}}; }, "field 'rope_scaling'"},
+      // dynamic, linear and llama3 scaling are supported; YaRN is not
+      {[](auto& j) { j["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}}; }, "field 'rope_scaling'"},
+      {[](auto& j) { j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}}; },
+       "llama3 scaling needs \"low_freq_factor\""},
       {[](auto& j) { j["eos_token_id"] = 1000; }, "eos_token_id 1000 is outside the vocabulary of 100 tokens"},
   };
   for (const auto& c : cases) {

@@ -83,7 +83,7 @@ TEST(PretrainConfig, ErrorsNameTheKey) {
     return std::string("no error");
   };
   EXPECT_NE(msg({"corpus=x", "hiden=3"}).find("unknown key 'hiden'"), std::string::npos);
-  EXPECT_NE(msg({"corpus=x", "arch=xlnet"}).find("arch: expected bert, gpt2, llama or t5"), std::string::npos);
+  EXPECT_NE(msg({"corpus=x", "arch=xlnet"}).find("arch: expected bert, gpt2, llama, t5, mistral, qwen2 or qwen3"), std::string::npos);
   EXPECT_NE(msg({}).find("corpus: required"), std::string::npos);
   EXPECT_NE(msg({"corpus=x", "hidden=30", "heads=4"}).find("not a multiple of heads"), std::string::npos);
   EXPECT_NE(msg({"corpus=x", "steps=abc"}).find("steps"), std::string::npos);

@@ -18,7 +18,8 @@ bool Architecture::is_pretrained_head(const std::string& module_key) const {
 
 const std::vector<const Architecture*>& architectures() {
   static const std::vector<const Architecture*> all = {
-      &bert_architecture(), &gpt2_architecture(), &llama_architecture(), &t5_architecture()};
+      &bert_architecture(),    &gpt2_architecture(),  &llama_architecture(), &t5_architecture(),
+      &mistral_architecture(), &qwen2_architecture(), &qwen3_architecture()};
   return all;
 }
 

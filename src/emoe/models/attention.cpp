@@ -51,6 +51,16 @@ at::Tensor build_block_mask(const at::Tensor& attention_mask, int64_t t, int64_t
   return blocked;
 }
 
+at::Tensor add_sliding_window(const at::Tensor& blocked, int64_t t, int64_t s, int64_t window,
+                              const at::Device& device) {
+  if (s <= window) return blocked;
+  auto opts = torch::TensorOptions().dtype(torch::kLong).device(device);
+  auto q = torch::arange(s - t, s, opts);
+  auto k = torch::arange(0, s, opts);
+  auto far = (q.unsqueeze(1) - k.unsqueeze(0) >= window).view({1, 1, t, s});
+  return blocked.defined() ? torch::logical_or(blocked, far) : far;
+}
+
 // The most negative finite value of a floating dtype: a blocked score that stays finite, so a
 // fully blocked row (a pad query) gives a uniform softmax instead of NaN.
 static at::Scalar lowest_value(at::ScalarType t) {
@@ -98,16 +108,24 @@ at::Tensor merge_heads(const at::Tensor& x) {
   return x.transpose(1, 2).reshape({b, t, h * d});
 }
 
-std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& position_ids, int64_t head_dim,
-                                               double theta, at::ScalarType dtype) {
-  auto opts = torch::TensorOptions().dtype(torch::kFloat).device(position_ids.device());
-  // Same operations as HF: inv_freq = 1 / theta^(arange(0, d, 2) / d), freqs = t * inv_freq.
+at::Tensor rope_inv_freq(int64_t head_dim, double theta, const at::Device& device) {
+  auto opts = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  // Same operations as HF: inv_freq = 1 / theta^(arange(0, d, 2) / d).
   auto exponent = torch::arange(0, head_dim, 2, opts.dtype(torch::kLong)).to(torch::kFloat) /
                   static_cast<double>(head_dim);
-  auto inv_freq = 1.0 / torch::pow(theta, exponent);
+  return 1.0 / torch::pow(theta, exponent);
+}
+
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& position_ids,
+                                               const at::Tensor& inv_freq, at::ScalarType dtype) {
   auto freqs = position_ids.to(torch::kFloat).unsqueeze(-1) * inv_freq;  // [B,T,D/2]
   auto emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);                // [B,1,T,D]
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& position_ids, int64_t head_dim,
+                                               double theta, at::ScalarType dtype) {
+  return rope_cos_sin(position_ids, rope_inv_freq(head_dim, theta, position_ids.device()), dtype);
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

@@ -31,6 +31,12 @@ std::pair<at::Tensor, at::Tensor> append_kv(LayerKv* cache, const at::Tensor& k,
 at::Tensor build_block_mask(const at::Tensor& attention_mask, int64_t t, int64_t s, bool causal,
                             const at::Device& device);
 
+// Adds a sliding window to a block mask from build_block_mask: query i (absolute position
+// s - t + i) sees only the `window` positions ending at itself, as Hugging Face's sliding-window
+// attention (Mistral, Qwen2) masks; nothing changes while s <= window.
+at::Tensor add_sliding_window(const at::Tensor& blocked, int64_t t, int64_t s, int64_t window,
+                              const at::Device& device);
+
 // softmax(q k^T * scale, blocked -> lowest) v with q [B,Hq,T,D], k/v [B,Hkv,S,D]; Hq must be a
 // multiple of Hkv (grouped-query attention: query head h reads kv head h / (Hq/Hkv)).
 // The softmax runs in float32 (float64 for float64 inputs). `probs`, when given, receives the attention probabilities.
@@ -45,6 +51,11 @@ at::Tensor merge_heads(const at::Tensor& x);
 // Rotary embeddings, Hugging Face's rotate_half convention. cos/sin: [B, 1, T, head_dim].
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& position_ids, int64_t head_dim,
                                                double theta, at::ScalarType dtype);
+// RoPE's inverse frequencies 1 / theta^(2i / head_dim), float32 [head_dim / 2], as HF computes.
+at::Tensor rope_inv_freq(int64_t head_dim, double theta, const at::Device& device);
+// cos/sin from given inverse frequencies (scaled RoPE variants).
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& position_ids,
+                                               const at::Tensor& inv_freq, at::ScalarType dtype);
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // Default position ids: past..past+T-1 for every row, or for left-padded rows
