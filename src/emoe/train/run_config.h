@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "emoe/data/mixture.h"
 #include "emoe/moe/moe_config.h"
 #include "emoe/peft/peft.h"
 #include "emoe/train/precision.h"
@@ -61,15 +62,6 @@ struct TrainOptions {
   // step (gradients dropped, counted as skipped_steps in the logs); never written to the weights.
   NonFinitePolicy nonfinite = NonFinitePolicy::kStop;
   int64_t max_target_length = 16;  // objective seq2seq: decoder target tokens (with eos)
-};
-
-// objective seq2seq: the multi-task training mixture (Raffel et al. 2020, §3.5.2).
-struct MixtureConfig {
-  std::vector<std::string> tasks;              // GLUE tasks with templates (data/templates.h)
-  std::string rate = "examples-proportional";  // examples-proportional | temperature
-  int64_t cap = 3000;                          // per-task example limit K (0 = none)
-  double temperature = 2.0;                    // temperature scaling: rate ∝ min(n, cap)^(1/T)
-  std::string templates = "all";               // all: a random template per draw; first: only the first
 };
 
 // A classification data set from the user's own files (instead of a GLUE task).

@@ -51,15 +51,6 @@ struct RankSet {
   std::vector<RankExample> data;
 };
 
-// objective seq2seq: the training pool (every example with each of its templates, task after
-// task) and the mixture that draws an epoch from it.
-struct MixturePool {
-  std::vector<int64_t> sizes, templates, offsets;  // per task: examples, templates, first pool index
-  std::vector<double> rates;
-  int64_t epoch_size = 0;
-  bool empty() const { return sizes.empty(); }
-};
-
 // Everything one run works with.
 struct TrainContext {
   RunConfig cfg;
@@ -103,50 +94,16 @@ std::string run_model_type(const std::string& dir) {
 // objective seq2seq: the mixture's training pool, the dev-loss set and the rank-classification sets.
 void setup_seq2seq_data(TrainContext& c) {
   const auto& cfg = c.cfg;
-  const int64_t max_len = cfg.train.max_length;
-  const auto eos = c.tok->special().eos;
-  EMOE_CHECK(eos.has_value(), InputError, "{}: the tokenizer has no eos token (text-to-text targets end with it)",
-             cfg.model);
-  auto target_ids = [&](const std::string& text) {
-    auto ids = c.tok->encode_plain(text);
-    if (static_cast<int64_t>(ids.size()) > cfg.train.max_target_length - 1) ids.resize(cfg.train.max_target_length - 1);
-    ids.push_back(*eos);
-    return ids;
-  };
-  auto source_ids = [&](const PromptTemplate& t, const Example& e) {
-    return c.tok->encode(fill_template(t, e), true, max_len).ids;
-  };
-  auto labelled = [](Dataset d) {
-    d.examples.erase(std::remove_if(d.examples.begin(), d.examples.end(), [](const Example& e) { return !e.has_label; }),
-                     d.examples.end());
-    return d;
-  };
+  const TextToTextEncoder encoder(*c.tok, cfg.train.max_length, cfg.train.max_target_length,
+                                  cfg.model);
+  c.mixture = build_mixture(cfg.mixture, encoder, cfg.data_dir, cfg.train.max_train_examples);
+  c.train = std::move(c.mixture.examples);
   std::vector<EncodedExample> dev_loss;
-  for (const auto& task : cfg.mixture.tasks) {
-    const auto& tpls = task_templates(task, "run config: mixture.tasks");
-    auto train = labelled(load_glue(task, "train", cfg.data_dir));
-    keep_fixed_subset(train.examples, cfg.train.max_train_examples);
-    const int64_t k = cfg.mixture.templates == "all" ? static_cast<int64_t>(tpls.size()) : 1;
-    c.mixture.offsets.push_back(static_cast<int64_t>(c.train.size()));
-    c.mixture.sizes.push_back(static_cast<int64_t>(train.examples.size()));
-    c.mixture.templates.push_back(k);
-    for (const auto& e : train.examples) {
-      for (int64_t t = 0; t < k; ++t) {
-        EncodedExample x;
-        x.ids = source_ids(tpls[t], e);
-        x.target_ids = target_ids(tpls[t].choices.at(static_cast<size_t>(std::llround(e.label))));
-        x.label = e.label;
-        c.train.push_back(std::move(x));
-      }
-    }
-    auto dev = labelled(load_glue(task, "dev", cfg.data_dir));
-    keep_fixed_subset(dev.examples, cfg.train.max_eval_examples);
-    for (const auto& e : dev.examples) {  // the dev loss: first template, correct answer
-      EncodedExample x;
-      x.ids = source_ids(tpls[0], e);
-      x.target_ids = target_ids(tpls[0].choices.at(static_cast<size_t>(std::llround(e.label))));
-      dev_loss.push_back(std::move(x));
-    }
+  for (const auto& task : cfg.mixture.tasks) {  // the dev loss: first template, correct answer
+    const auto& first = task_templates(task, "run config: mixture.tasks").at(0);
+    for (const auto& e :
+         load_labelled_glue(task, "dev", cfg.data_dir, cfg.train.max_eval_examples).examples)
+      dev_loss.push_back(encoder.labelled(first, e));
   }
   // rank classification: the training tasks' dev sets, then the held-out tasks (dev split)
   std::vector<std::pair<std::string, bool>> scored;
@@ -154,18 +111,17 @@ void setup_seq2seq_data(TrainContext& c) {
   for (const auto& t : cfg.heldout) scored.emplace_back(t, true);
   for (const auto& [task, held] : scored) {
     const auto& tpls = task_templates(task, held ? "run config: heldout" : "run config: mixture.tasks");
-    auto dev = labelled(load_glue(task, "dev", cfg.data_dir));
-    keep_fixed_subset(dev.examples, cfg.train.max_eval_examples);
+    auto dev = load_labelled_glue(task, "dev", cfg.data_dir, cfg.train.max_eval_examples);
     RankSet rs;
     rs.name = task;
     rs.heldout = held;
     for (size_t t = 0; t < tpls.size(); ++t) {
       rs.template_names.push_back(tpls[t].name);
       std::vector<std::vector<int64_t>> choices;
-      for (const auto& ch : tpls[t].choices) choices.push_back(target_ids(ch));
+      for (const auto& ch : tpls[t].choices) choices.push_back(encoder.target(ch));
       for (const auto& e : dev.examples) {
         RankExample r;
-        r.source = source_ids(tpls[t], e);
+        r.source = encoder.source(tpls[t], e);
         r.choices = choices;
         r.label = std::llround(e.label);
         r.templ = static_cast<int64_t>(t);
@@ -175,32 +131,15 @@ void setup_seq2seq_data(TrainContext& c) {
     c.ranked.push_back(std::move(rs));
   }
   c.evals.push_back({"dev", std::move(dev_loss), {}});
-  c.mixture.rates = mixing_rates(c.mixture.sizes, cfg.mixture.rate, cfg.mixture.cap, cfg.mixture.temperature);
-  c.mixture.epoch_size = mixture_epoch_size(c.mixture.sizes, cfg.mixture.cap);
-  std::vector<std::string> shown;
-  for (size_t t = 0; t < cfg.mixture.tasks.size(); ++t)
-    shown.push_back(fmt::format("{} {:.4f} ({} examples x {} templates)", cfg.mixture.tasks[t], c.mixture.rates[t],
-                                c.mixture.sizes[t], c.mixture.templates[t]));
-  spdlog::info("mixture ({}, cap {}{}): {}; {} draws per epoch", cfg.mixture.rate, cfg.mixture.cap,
-               cfg.mixture.rate == "temperature" ? fmt::format(", T {}", cfg.mixture.temperature) : std::string(),
-               fmt::join(shown, ", "), c.mixture.epoch_size);
   spdlog::info("seq2seq: {} dev-loss examples; rank classification on {}; held-out: {}", c.evals[0].data.size(),
                fmt::join(cfg.mixture.tasks, ", "),
                cfg.heldout.empty() ? std::string("none") : fmt::format("{}", fmt::join(cfg.heldout, ", ")));
-  EMOE_CHECK(c.mixture.epoch_size > 0, InputError, "mixture: no training examples in {}",
-             fmt::join(cfg.mixture.tasks, ", "));
 }
 
 // The pool indices of an epoch: the examples in order, or the mixture's draws.
 std::vector<int64_t> training_order(const TrainContext& c, int64_t n, int64_t epoch) {
-  if (c.mixture.empty()) return epoch_order(n, c.cfg.train.seed, epoch, true);
-  auto draws = mixture_epoch(c.mixture.sizes, c.mixture.rates, c.mixture.templates, c.mixture.epoch_size,
-                             c.cfg.train.seed, epoch);
-  std::vector<int64_t> order;
-  order.reserve(draws.size());
-  for (const auto& d : draws)
-    order.push_back(c.mixture.offsets[d.task] + d.example * c.mixture.templates[d.task] + d.templ);
-  return order;
+  if (c.mixture.sizes.empty()) return epoch_order(n, c.cfg.train.seed, epoch, true);
+  return c.mixture.epoch_order(c.cfg.train.seed, epoch);
 }
 
 // What check_objective_fits_model reads, the objective by its config name: the function's body
@@ -489,7 +428,7 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
 
   Optimizer opt(*c.model, o);
   // a mixture's epoch is its draw list (seq2seq); otherwise every training example once
-  const int64_t n = c.mixture.empty() ? static_cast<int64_t>(c.train.size()) : c.mixture.epoch_size;
+  const int64_t n = c.mixture.sizes.empty() ? static_cast<int64_t>(c.train.size()) : c.mixture.epoch_size;
   const int64_t batches_per_epoch = (n + o.batch_size - 1) / o.batch_size;
   const int64_t steps_per_epoch = (batches_per_epoch + o.grad_accum - 1) / o.grad_accum;
   const int64_t total_steps = o.max_steps > 0 ? o.max_steps : o.epochs * steps_per_epoch;
