@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "emoe/core/error.h"
+#include "emoe/core/logging.h"
 #include "emoe/io/atomic_file.h"
 
 namespace emoe {
@@ -73,6 +74,30 @@ void save_any_model(PretrainedModelImpl& model, const MoeState& moe, const PeftC
     write_text_atomic(peft_path, peft_config_to_json(peft).dump(1) + "\n");
   else if (fs::exists(peft_path))
     fs::remove(peft_path);
+}
+
+void export_run_model(PretrainedModelImpl& model, MoeState moe, PeftConfig peft,
+                      const std::string& run_dir, const std::string& base_model,
+                      bool export_dense) {
+  const auto model_dir = (fs::path(run_dir) / "model").string();
+  const auto adapter_dir = (fs::path(run_dir) / "adapter").string();
+  if (peft.method == PeftMethod::kLora || peft.method == PeftMethod::kIa3)
+    save_peft_adapter(model, peft, adapter_dir, fs::absolute(base_model).string());
+  if (!moe.empty()) {
+    // the MoE form as trained (for pruning and analysis), before any recomposition
+    save_any_model(model, moe, peft, (fs::path(run_dir) / "model_moe").string(), base_model);
+  }
+  if (export_dense) {
+    if (peft.method == PeftMethod::kLora) {
+      merge_lora(model);
+      peft = PeftConfig();
+    }
+    if (!moe.empty() && moe.config.method != MoeMethod::kGmoe) recompose_dense(model, moe);
+  }
+  save_any_model(model, moe, peft, model_dir, base_model);
+  spdlog::info("best model written to {}{}", model_dir,
+               moe.empty() && peft.method == PeftMethod::kNone ? " (plain Hugging Face checkpoint)"
+                                                               : "");
 }
 
 }  // namespace emoe

@@ -21,4 +21,12 @@ ModelPtr load_any_model(const std::string& dir, const LoadOptions& options = {},
 void save_any_model(PretrainedModelImpl& model, const MoeState& moe, const PeftConfig& peft,
                     const std::string& dir, const std::string& tokenizer_dir);
 
+// The best model of a finished run as its deliverables in run_dir: model/ (LoRA merged and the
+// experts recomposed to the dense architecture when export_dense and possible), model_moe/ (the
+// MoE form as trained, when the method converted layers) and adapter/ (PEFT format, LoRA and
+// (IA)^3). base_model: the folder the run started from (tokenizer files, the adapter's base).
+void export_run_model(PretrainedModelImpl& model, MoeState moe, PeftConfig peft,
+                      const std::string& run_dir, const std::string& base_model,
+                      bool export_dense);
+
 }  // namespace emoe
