@@ -30,7 +30,8 @@ void run_prune(const PruneArgs& a) {
   const fs::path run(a.run_dir);
   auto cfg = RunConfig::from_json(JsonFields::from_file((run / "config.json").string()).raw(),
                                   (run / "config.json").string());
-  EMOE_CHECK(cfg.objective == "classification", UsageError, "{}: prune evaluates classification runs", a.run_dir);
+  EMOE_CHECK(cfg.objective == ObjectiveKind::kClassification, UsageError,
+             "{}: prune evaluates classification runs", a.run_dir);
   const auto model_dir = (run / "model_moe").string();
   EMOE_CHECK(fs::exists(model_dir), InputError,
              "{}: no model_moe/ (the run converted no layers, or ran with save_best=false)", a.run_dir);

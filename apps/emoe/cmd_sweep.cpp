@@ -49,15 +49,10 @@ Stat stat_of(const std::vector<double>& v) {
   return s;
 }
 
-void run_sweep(const SweepArgs& a) {
-  RunConfig base = load_run_config(a.config, a.sets);
-  std::string root = a.output.empty() ? base.output : a.output;
-  std::vector<std::string> methods = a.methods.empty() ? std::vector<std::string>{base.method} : split_commas(a.methods);
-  std::vector<std::string> seeds = split_commas(a.seeds);
-  EMOE_CHECK(!seeds.empty(), UsageError, "--seeds: expected a list like 0,1,2");
-  // grid: cartesian product of key=v1,v2 options ("lr" is short for train.lr)
+// The grid: the cartesian product of key=v1,v2 options ("lr" is short for train.lr).
+std::vector<std::vector<std::string>> grid_points(const std::vector<std::string>& grid) {
   std::vector<std::vector<std::string>> points = {{}};
-  for (const auto& g : a.grid) {
+  for (const auto& g : grid) {
     auto eq = g.find('=');
     EMOE_CHECK(eq != std::string::npos, UsageError, "--grid {}: expected key=v1,v2,...", g);
     std::string key = g.substr(0, eq);
@@ -71,6 +66,37 @@ void run_sweep(const SweepArgs& a) {
       }
     points = next;
   }
+  return points;
+}
+
+// sweep.md (printed too) and sweep.json in the sweep's root folder.
+void write_sweep_report(const SweepArgs& a, const RunConfig& base, const std::string& root,
+                        const std::vector<std::string>& set_names,
+                        const std::vector<std::string>& table, const nlohmann::json& all) {
+  std::string seps;
+  for (size_t i = 0; i < set_names.size(); ++i) seps += "---|";
+  std::string header =
+      fmt::format("| method | chosen | {} |\n|---|---|{}\n", fmt::join(set_names, " | "), seps);
+  const bool classification = base.objective == ObjectiveKind::kClassification;
+  std::string md = fmt::format(
+      "{} on {} ({}), mean ± std over seeds {} at each run's best epoch: {}\n\n{}{}\n", base.model,
+      classification ? base.task : "instructions", a.methods.empty() ? base.method : a.methods,
+      a.seeds, classification ? run_task(base).main_metric + " (percent)" : "dev loss", header,
+      fmt::join(table, "\n"));
+  std::cout << md;
+  fs::create_directories(root);
+  write_text_atomic((fs::path(root) / "sweep.md").string(), md);
+  write_text_atomic((fs::path(root) / "sweep.json").string(), all.dump(1) + "\n");
+}
+
+void run_sweep(const SweepArgs& a) {
+  RunConfig base = load_run_config(a.config, a.sets);
+  std::string root = a.output.empty() ? base.output : a.output;
+  std::vector<std::string> methods =
+      a.methods.empty() ? std::vector<std::string>{base.method} : split_commas(a.methods);
+  std::vector<std::string> seeds = split_commas(a.seeds);
+  EMOE_CHECK(!seeds.empty(), UsageError, "--seeds: expected a list like 0,1,2");
+  const std::vector<std::vector<std::string>> points = grid_points(a.grid);
   nlohmann::json all = nlohmann::json::array();
   std::vector<std::string> table;
   std::vector<std::string> set_names;
@@ -134,19 +160,7 @@ void run_sweep(const SweepArgs& a) {
                                 points[best_pi].empty() ? "default" : fmt::format("{}", fmt::join(points[best_pi], " ")),
                                 fmt::join(cells, " | ")));
   }
-  std::string seps;
-  for (size_t i = 0; i < set_names.size(); ++i) seps += "---|";
-  std::string header = fmt::format("| method | chosen | {} |\n|---|---|{}\n", fmt::join(set_names, " | "), seps);
-  std::string md = fmt::format("{} on {} ({}), mean ± std over seeds {} at each run's best epoch: {}\n\n{}{}\n",
-                               base.model, base.objective == "classification" ? base.task : "instructions",
-                               a.methods.empty() ? base.method : a.methods, a.seeds,
-                               base.objective == "classification" ? run_task(base).main_metric + " (percent)"
-                                                                  : "dev loss",
-                               header, fmt::join(table, "\n"));
-  std::cout << md;
-  fs::create_directories(root);
-  write_text_atomic((fs::path(root) / "sweep.md").string(), md);
-  write_text_atomic((fs::path(root) / "sweep.json").string(), all.dump(1) + "\n");
+  write_sweep_report(a, base, root, set_names, table, all);
 }
 
 }  // namespace

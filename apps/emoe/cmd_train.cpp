@@ -59,10 +59,10 @@ void run_train(const TrainArgs& a) {
     return;
   }
   const auto& res = r.results;
-  std::cout << fmt::format("{}: {} on {} ({}), best epoch {}\n", r.run_dir, cfg.method,
-                           cfg.objective == "classification" ? cfg.task
-                           : cfg.objective == "seq2seq"     ? "a text-to-text mixture"
-                                                            : "instructions",
+  std::string trained_on = "instructions";
+  if (cfg.objective == ObjectiveKind::kClassification) trained_on = cfg.task;
+  if (cfg.objective == ObjectiveKind::kSeq2Seq) trained_on = "a text-to-text mixture";
+  std::cout << fmt::format("{}: {} on {} ({}), best epoch {}\n", r.run_dir, cfg.method, trained_on,
                            cfg.model, res["best_epoch"].get<int64_t>());
   if (res["best"].is_object())
     for (auto& [set, v] : res["best"].items()) {

@@ -1,4 +1,4 @@
-// Mixing rates and the per-epoch draw list of a multi-task mixture.
+// Mixing rates, the per-epoch draw list and the training pool of a multi-task mixture.
 #include "emoe/data/mixture.h"
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <random>
 
 #include "emoe/core/error.h"
+#include "emoe/core/logging.h"
 
 namespace emoe {
 
@@ -89,6 +90,84 @@ std::vector<MixtureDraw> mixture_epoch(const std::vector<int64_t>& sizes, const 
   std::mt19937_64 rng(mixture_seed(seed, epoch, 0));
   std::shuffle(out.begin(), out.end(), rng);
   return out;
+}
+
+TextToTextEncoder::TextToTextEncoder(const Tokenizer& tok, int64_t max_length,
+                                     int64_t max_target_length, const std::string& model)
+    : tok_(tok), max_length_(max_length), max_target_length_(max_target_length) {
+  const auto eos = tok.special().eos;
+  EMOE_CHECK(eos.has_value(), InputError,
+             "{}: the tokenizer has no eos token (text-to-text targets end with it)", model);
+  eos_ = *eos;
+}
+
+std::vector<int64_t> TextToTextEncoder::source(const PromptTemplate& t, const Example& e) const {
+  return tok_.encode(fill_template(t, e), true, max_length_).ids;
+}
+
+std::vector<int64_t> TextToTextEncoder::target(const std::string& text) const {
+  auto ids = tok_.encode_plain(text);
+  if (static_cast<int64_t>(ids.size()) > max_target_length_ - 1) ids.resize(max_target_length_ - 1);
+  ids.push_back(eos_);
+  return ids;
+}
+
+EncodedExample TextToTextEncoder::labelled(const PromptTemplate& t, const Example& e) const {
+  EncodedExample x;
+  x.ids = source(t, e);
+  x.target_ids = target(t.choices.at(static_cast<size_t>(std::llround(e.label))));
+  return x;
+}
+
+Dataset load_labelled_glue(const std::string& task, const std::string& split,
+                           const std::string& data_root, int64_t max_examples) {
+  Dataset d = load_glue(task, split, data_root);
+  d.examples.erase(std::remove_if(d.examples.begin(), d.examples.end(),
+                                  [](const Example& e) { return !e.has_label; }),
+                   d.examples.end());
+  keep_fixed_subset(d.examples, max_examples);
+  return d;
+}
+
+std::vector<int64_t> MixturePool::epoch_order(uint64_t seed, int64_t epoch) const {
+  auto draws = mixture_epoch(sizes, rates, templates, epoch_size, seed, epoch);
+  std::vector<int64_t> order;
+  order.reserve(draws.size());
+  for (const auto& d : draws)
+    order.push_back(offsets[d.task] + d.example * templates[d.task] + d.templ);
+  return order;
+}
+
+MixturePool build_mixture(const MixtureConfig& cfg, const TextToTextEncoder& encoder,
+                          const std::string& data_root, int64_t max_train_examples) {
+  MixturePool pool;
+  for (const auto& task : cfg.tasks) {
+    const auto& tpls = task_templates(task, "run config: mixture.tasks");
+    auto train = load_labelled_glue(task, "train", data_root, max_train_examples);
+    const int64_t k = cfg.templates == "all" ? static_cast<int64_t>(tpls.size()) : 1;
+    pool.offsets.push_back(static_cast<int64_t>(pool.examples.size()));
+    pool.sizes.push_back(static_cast<int64_t>(train.examples.size()));
+    pool.templates.push_back(k);
+    for (const auto& e : train.examples) {
+      for (int64_t t = 0; t < k; ++t) {
+        EncodedExample x = encoder.labelled(tpls[t], e);
+        x.label = e.label;
+        pool.examples.push_back(std::move(x));
+      }
+    }
+  }
+  pool.rates = mixing_rates(pool.sizes, cfg.rate, cfg.cap, cfg.temperature);
+  pool.epoch_size = mixture_epoch_size(pool.sizes, cfg.cap);
+  std::vector<std::string> shown;
+  for (size_t t = 0; t < cfg.tasks.size(); ++t)
+    shown.push_back(fmt::format("{} {:.4f} ({} examples x {} templates)", cfg.tasks[t],
+                                pool.rates[t], pool.sizes[t], pool.templates[t]));
+  spdlog::info("mixture ({}, cap {}{}): {}; {} draws per epoch", cfg.rate, cfg.cap,
+               cfg.rate == "temperature" ? fmt::format(", T {}", cfg.temperature) : std::string(),
+               fmt::join(shown, ", "), pool.epoch_size);
+  EMOE_CHECK(pool.epoch_size > 0, InputError, "mixture: no training examples in {}",
+             fmt::join(cfg.tasks, ", "));
+  return pool;
 }
 
 }  // namespace emoe

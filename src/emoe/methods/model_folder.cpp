@@ -1,9 +1,11 @@
-// Loading and saving model folders with MoE and PEFT attachments.
+// Model folders: config, weights, moe.json, peft.json and tokenizer files, loaded and saved together;
+// the deliverables of a finished run.
 #include "emoe/methods/model_folder.h"
 
 #include <filesystem>
 
 #include "emoe/core/error.h"
+#include "emoe/core/logging.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/tokenizer/tokenizer.h"
 
@@ -98,6 +100,30 @@ void save_moe_model(PretrainedModelImpl& model, const MoeState& state, const std
     fs::remove(moe_path);
   }
   if (!tokenizer_dir.empty()) copy_tokenizer_files(tokenizer_dir, dir);
+}
+
+void export_run_model(PretrainedModelImpl& model, MoeState moe, PeftConfig peft,
+                      const std::string& run_dir, const std::string& base_model,
+                      bool export_dense) {
+  const auto model_dir = (fs::path(run_dir) / "model").string();
+  const auto adapter_dir = (fs::path(run_dir) / "adapter").string();
+  if (peft.method == PeftMethod::kLora || peft.method == PeftMethod::kIa3)
+    save_peft_adapter(model, peft, adapter_dir, fs::absolute(base_model).string());
+  if (!moe.empty()) {
+    // the MoE form as trained (for pruning and analysis), before any recomposition
+    save_any_model(model, moe, peft, (fs::path(run_dir) / "model_moe").string(), base_model);
+  }
+  if (export_dense) {
+    if (peft.method == PeftMethod::kLora) {
+      merge_lora(model);
+      peft = PeftConfig();
+    }
+    if (!moe.empty() && moe.config.method != MoeMethod::kGmoe) recompose_dense(model, moe);
+  }
+  save_any_model(model, moe, peft, model_dir, base_model);
+  spdlog::info("best model written to {}{}", model_dir,
+               moe.empty() && peft.method == PeftMethod::kNone ? " (plain Hugging Face checkpoint)"
+                                                               : "");
 }
 
 }  // namespace emoe

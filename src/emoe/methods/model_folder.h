@@ -29,4 +29,12 @@ void save_moe_model(PretrainedModelImpl& model, const MoeState& state, const std
 // Copies tokenizer files (vocab, merges, tokenizer.model/json, configs) from one folder to another.
 void copy_tokenizer_files(const std::string& from, const std::string& to);
 
+// The best model of a finished run as its deliverables in run_dir: model/ (LoRA merged and the
+// experts recomposed to the dense architecture when export_dense and possible), model_moe/ (the
+// MoE form as trained, when the method converted layers) and adapter/ (PEFT format, LoRA and
+// (IA)^3). base_model: the folder the run started from (tokenizer files, the adapter's base).
+void export_run_model(PretrainedModelImpl& model, MoeState moe, PeftConfig peft,
+                      const std::string& run_dir, const std::string& base_model,
+                      bool export_dense);
+
 }  // namespace emoe

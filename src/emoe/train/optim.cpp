@@ -190,14 +190,18 @@ std::vector<torch::Tensor> Optimizer::parameters() const {
 
 std::vector<std::string> Optimizer::parameter_names() const { return names_; }
 
-double schedule_factor(const std::string& kind, int64_t step, int64_t total, int64_t warmup) {
+double schedule_factor(Schedule kind, int64_t step, int64_t total, int64_t warmup) {
   // Hugging Face's schedules (get_linear/cosine_schedule_with_warmup) at 0-based `step`.
   if (step < warmup) return static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup));
-  if (kind == "constant") return 1.0;
+  if (kind == Schedule::kConstant) return 1.0;
   const double span = static_cast<double>(std::max<int64_t>(1, total - warmup));
   const double progress = static_cast<double>(step - warmup) / span;
-  if (kind == "cosine") return std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * progress)));
+  if (kind == Schedule::kCosine) return std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * progress)));
   return std::max(0.0, 1.0 - progress);  // linear
+}
+
+double schedule_factor(const std::string& kind, int64_t step, int64_t total, int64_t warmup) {
+  return schedule_factor(parse_schedule(kind), step, total, warmup);
 }
 
 }  // namespace emoe

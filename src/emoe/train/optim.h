@@ -46,6 +46,8 @@ class Optimizer {
 
 // lr multiplier at optimiser step `step` (0-based) of `total`, as Hugging Face computes it:
 // linear warm-up step/warmup, then linear decay to 0, cosine decay to 0, or constant.
+double schedule_factor(Schedule kind, int64_t step, int64_t total, int64_t warmup);
+// The same by the schedule's config name (parse_schedule: InputError for an unknown name).
 double schedule_factor(const std::string& kind, int64_t step, int64_t total, int64_t warmup);
 
 }  // namespace emoe

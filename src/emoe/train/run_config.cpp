@@ -162,11 +162,189 @@ class Reader {
   std::set<std::string> used_;
 };
 
+// The config names of an option's values: to_string and parse_* read the same table.
+template <typename E>
+struct OptionName {
+  E value;
+  const char* name;
+};
+
+constexpr OptionName<ObjectiveKind> kObjectiveNames[] = {
+    {ObjectiveKind::kClassification, "classification"},
+    {ObjectiveKind::kInstruction, "instruction"},
+    {ObjectiveKind::kSeq2Seq, "seq2seq"}};
+constexpr OptionName<Schedule> kScheduleNames[] = {
+    {Schedule::kLinear, "linear"},
+    {Schedule::kCosine, "cosine"},
+    {Schedule::kConstant, "constant"}};
+constexpr OptionName<Ablation> kAblationNames[] = {
+    {Ablation::kNone, "none"},
+    {Ablation::kTrainDenseEvalMoe, "train-dense-eval-moe"},
+    {Ablation::kTrainMoeEvalDense, "train-moe-eval-dense"}};
+constexpr OptionName<NonFinitePolicy> kNonFiniteNames[] = {{NonFinitePolicy::kStop, "stop"},
+                                                           {NonFinitePolicy::kSkip, "skip"}};
+// A run config takes these two names only (parse_precision also takes the tools' aliases).
+constexpr OptionName<Precision> kPrecisionNames[] = {{Precision::kFp32, "fp32"},
+                                                     {Precision::kBf16Mixed, "bf16-mixed"}};
+
+template <typename E, size_t N>
+std::string option_name(const OptionName<E> (&names)[N], E value) {
+  for (const auto& n : names)
+    if (n.value == value) return n.name;
+  EMOE_THROW(UsageError, "option value {} has no name", static_cast<int>(value));
+}
+
+// "run config: <key>: expected a, b or c, got '<name>'" for a name not in the table.
+template <typename E, size_t N>
+E parse_option(const OptionName<E> (&names)[N], const std::string& name, const char* key) {
+  std::string expected;
+  for (size_t i = 0; i < N; ++i) {
+    if (name == names[i].name) return names[i].value;
+    expected += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(names[i].name);
+  }
+  EMOE_THROW(InputError, "run config: {}: expected {}, got '{}'", key, expected, name);
+}
+
+// The sub-mappings of a run config (RunConfig::from_json).
+void read_dataset(const nlohmann::json& j, const std::string& where, CustomDataset& d) {
+  Reader dr(j, where + ".dataset");
+  dr.get("train", d.train);
+  dr.get("dev", d.dev);
+  if (auto* o = dr.sub("ood")) {
+    EMOE_CHECK(o->is_object(), InputError, "{}.dataset.ood: expected a mapping name: file", where);
+    for (auto it = o->begin(); it != o->end(); ++it) {
+      EMOE_CHECK(it.value().is_string(), InputError, "{}.dataset.ood.{}: expected a file path",
+                 where, it.key());
+      d.ood.emplace_back(it.key(), it.value().get<std::string>());
+    }
+  }
+  dr.get("text_cols", d.text_cols);
+  dr.get("label_col", d.label_col);
+  dr.get("labels", d.labels);
+  dr.get("regression", d.regression);
+  dr.get("metrics", d.metrics);
+  dr.finish();
+}
+
+void read_mixture(const nlohmann::json& j, const std::string& where, MixtureConfig& m) {
+  Reader mr(j, where + ".mixture");
+  mr.get("tasks", m.tasks);
+  mr.get("rate", m.rate);
+  mr.get("cap", m.cap);
+  mr.get("temperature", m.temperature);
+  mr.get("templates", m.templates);
+  mr.finish();
+}
+
+// moe: the defaults of the method, then the keys given (moe.json's field names).
+MoeConfig read_moe(Reader& r, const std::string& method, const std::string& where) {
+  MoeMethod mm = MoeMethod::kEmoe;
+  if (method == "emoe-learn") mm = MoeMethod::kEmoeLearn;
+  else if (method == "gmoe") mm = MoeMethod::kGmoe;
+  else if (method == "moefication") mm = MoeMethod::kMoefication;
+  MoeConfig moe = MoeConfig::for_method(mm);
+  moe.layers.clear();
+  if (auto* m = r.sub("moe")) {
+    EMOE_CHECK(m->is_object(), InputError, "{}.moe: expected a mapping", where);
+    nlohmann::json merged = moe.to_json();
+    static const std::set<std::string> known = [] {
+      std::set<std::string> k;
+      const nlohmann::json defaults = MoeConfig().to_json();
+      for (auto it = defaults.begin(); it != defaults.end(); ++it) k.insert(it.key());
+      k.insert("kmeans");
+      return k;
+    }();
+    for (auto it = m->begin(); it != m->end(); ++it) {
+      EMOE_CHECK(known.count(it.key()), InputError, "{}.moe: unknown key '{}' (known: {})", where,
+                 it.key(), fmt::join(known, ", "));
+      EMOE_CHECK(it.key() != "method" || it.value() == to_string(mm), InputError,
+                 "{}.moe.method: the MoE method follows `method:` ({} -> {}), got {}", where,
+                 method, to_string(mm), it.value().dump());
+      merged[it.key()] = it.value();
+    }
+    if (m->contains("tutel") && (*m)["tutel"].is_boolean() && (*m)["tutel"].get<bool>()) {
+      MoeConfig tmp = MoeConfig::from_json(JsonFields(merged, where + ".moe"));
+      tmp.enable_tutel_parity();
+      nlohmann::json t = tmp.to_json();
+      for (auto& k : {"gate_noise", "softmax_before_topk", "capacity_factor", "batch_prioritized",
+                      "balance_loss", "balance_weight", "preact_dropout"})
+        if (!m->contains(k)) merged[k] = t[k];
+    }
+    moe = MoeConfig::from_json(JsonFields(merged, where + ".moe"));
+  }
+  return moe;
+}
+
+void read_peft(const nlohmann::json& j, const std::string& where, PeftConfig& p) {
+  Reader pr(j, where + ".peft");
+  pr.get("targets", p.targets);
+  pr.get("feedforward_targets", p.feedforward_targets);
+  pr.get("r", p.r);
+  pr.get("alpha", p.alpha);
+  pr.get("dropout", p.dropout);
+  pr.get("experts", p.experts);
+  pr.get("topk", p.topk);
+  pr.get("balance_weight", p.balance_weight);
+  pr.finish();
+}
+
+// The option names (schedule, precision, nonfinite) are parsed by the caller.
+void read_train(const nlohmann::json& j, const std::string& where, TrainOptions& o,
+                std::string& schedule, std::string& precision, std::string& nonfinite) {
+  Reader tr(j, where + ".train");
+  tr.get("lr", o.lr);
+  tr.get("head_lr", o.head_lr);
+  tr.get("router_lr", o.router_lr);
+  tr.get("weight_decay", o.weight_decay);
+  tr.get("adam_beta1", o.adam_beta1);
+  tr.get("adam_beta2", o.adam_beta2);
+  tr.get("adam_eps", o.adam_eps);
+  tr.get("batch_size", o.batch_size);
+  tr.get("eval_batch_size", o.eval_batch_size);
+  tr.get("grad_accum", o.grad_accum);
+  tr.get("grad_clip", o.grad_clip);
+  tr.get("epochs", o.epochs);
+  tr.get("max_steps", o.max_steps);
+  tr.get("schedule", schedule);
+  tr.get("warmup_ratio", o.warmup_ratio);
+  tr.get("warmup_steps", o.warmup_steps);
+  tr.get("max_length", o.max_length);
+  tr.get("seed", o.seed);
+  tr.get("early_stopping", o.early_stopping);
+  tr.get("max_train_examples", o.max_train_examples);
+  tr.get("max_eval_examples", o.max_eval_examples);
+  tr.get("log_every", o.log_every);
+  tr.get("save_every", o.save_every);
+  tr.get("stop_after_steps", o.stop_after_steps);
+  tr.get("usage_interval", o.usage_interval);
+  tr.get("precision", precision);
+  tr.get("nonfinite", nonfinite);
+  tr.get("max_target_length", o.max_target_length);
+  tr.finish();
+}
+
 }  // namespace
+
+std::string to_string(ObjectiveKind v) { return option_name(kObjectiveNames, v); }
+std::string to_string(Schedule v) { return option_name(kScheduleNames, v); }
+std::string to_string(Ablation v) { return option_name(kAblationNames, v); }
+std::string to_string(NonFinitePolicy v) { return option_name(kNonFiniteNames, v); }
+ObjectiveKind parse_objective(const std::string& name) {
+  return parse_option(kObjectiveNames, name, "objective");
+}
+Schedule parse_schedule(const std::string& name) {
+  return parse_option(kScheduleNames, name, "train.schedule");
+}
+Ablation parse_ablation(const std::string& name) {
+  return parse_option(kAblationNames, name, "ablation");
+}
+NonFinitePolicy parse_nonfinite(const std::string& name) {
+  return parse_option(kNonFiniteNames, name, "train.nonfinite");
+}
 
 bool RunConfig::uses_moe() const {
   return method == "emoe" || method == "emoe+lora" || method == "emoe-learn" || method == "gmoe" ||
-         method == "moefication" || ablation == "train-dense-eval-moe";
+         method == "moefication" || ablation == Ablation::kTrainDenseEvalMoe;
 }
 
 PeftMethod RunConfig::peft_method() const {
@@ -184,15 +362,17 @@ nlohmann::json RunConfig::to_json() const {
                        {"adam_beta2", t.adam_beta2}, {"adam_eps", t.adam_eps},
                        {"batch_size", t.batch_size}, {"eval_batch_size", t.eval_batch_size},
                        {"grad_accum", t.grad_accum}, {"grad_clip", t.grad_clip},
-                       {"epochs", t.epochs}, {"max_steps", t.max_steps}, {"schedule", t.schedule},
+                       {"epochs", t.epochs}, {"max_steps", t.max_steps},
+                       {"schedule", to_string(t.schedule)},
                        {"warmup_ratio", t.warmup_ratio}, {"warmup_steps", t.warmup_steps},
                        {"max_length", t.max_length}, {"seed", t.seed},
                        {"early_stopping", t.early_stopping},
                        {"max_train_examples", t.max_train_examples},
                        {"max_eval_examples", t.max_eval_examples}, {"log_every", t.log_every},
                        {"save_every", t.save_every}, {"stop_after_steps", t.stop_after_steps},
-                       {"usage_interval", t.usage_interval}, {"precision", t.precision},
-                       {"nonfinite", t.nonfinite}};
+                       {"usage_interval", t.usage_interval},
+                       {"precision", option_name(kPrecisionNames, t.precision)},
+                       {"nonfinite", to_string(t.nonfinite)}};
   nlohmann::json pj = {{"targets", peft.targets}, {"feedforward_targets", peft.feedforward_targets},
                        {"r", peft.r}, {"alpha", peft.alpha}, {"dropout", peft.dropout},
                        {"experts", peft.experts}, {"topk", peft.topk},
@@ -207,15 +387,17 @@ nlohmann::json RunConfig::to_json() const {
           {"labels", dataset.labels}, {"regression", dataset.regression},
           {"metrics", dataset.metrics}};
   }
-  nlohmann::json out = {{"model", model}, {"objective", objective}, {"task", task}, {"dataset", dj}, {"data_dir", data_dir},
+  nlohmann::json out = {{"model", model}, {"objective", to_string(objective)}, {"task", task},
+          {"dataset", dj}, {"data_dir", data_dir},
           {"ood", ood}, {"method", method}, {"moe", mj}, {"peft", pj}, {"train", tj},
-          {"ablation", ablation}, {"instruct_data", instruct_data},
+          {"ablation", to_string(ablation)}, {"instruct_data", instruct_data},
           {"instruct_dev_fraction", instruct_dev_fraction}, {"mmlu_dir", mmlu_dir},
           {"mmlu_shots", mmlu_shots}, {"mmlu_max_questions", mmlu_max_questions},
           {"prune_from", prune_from}, {"prune_keep", prune_keep},
           {"output", output}, {"save_best", save_best}, {"export_dense", export_dense},
           {"device", device}, {"dtype", dtype}, {"threads", threads}};
-  if (objective == "seq2seq") {  // only then: the config.json of other runs stays as it was
+  // only for seq2seq: the config.json of other runs stays as it was
+  if (objective == ObjectiveKind::kSeq2Seq) {
     out["train"]["max_target_length"] = t.max_target_length;
     out["mixture"] = {{"tasks", mixture.tasks}, {"rate", mixture.rate}, {"cap", mixture.cap},
                       {"temperature", mixture.temperature}, {"templates", mixture.templates}};
@@ -228,27 +410,14 @@ nlohmann::json RunConfig::to_json() const {
 RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where) {
   RunConfig c;
   Reader r(j, where);
+  // option names: read here, parsed once every key is known (type errors and unknown keys first)
+  std::string objective = to_string(c.objective), ablation = to_string(c.ablation);
+  std::string schedule = to_string(c.train.schedule), nonfinite = to_string(c.train.nonfinite);
+  std::string precision = option_name(kPrecisionNames, c.train.precision);
   r.get("model", c.model);
-  r.get("objective", c.objective);
+  r.get("objective", objective);
   r.get("task", c.task);
-  if (auto* d = r.sub("dataset")) {
-    Reader dr(*d, where + ".dataset");
-    dr.get("train", c.dataset.train);
-    dr.get("dev", c.dataset.dev);
-    if (auto* o = dr.sub("ood")) {
-      EMOE_CHECK(o->is_object(), InputError, "{}.dataset.ood: expected a mapping name: file", where);
-      for (auto it = o->begin(); it != o->end(); ++it) {
-        EMOE_CHECK(it.value().is_string(), InputError, "{}.dataset.ood.{}: expected a file path", where, it.key());
-        c.dataset.ood.emplace_back(it.key(), it.value().get<std::string>());
-      }
-    }
-    dr.get("text_cols", c.dataset.text_cols);
-    dr.get("label_col", c.dataset.label_col);
-    dr.get("labels", c.dataset.labels);
-    dr.get("regression", c.dataset.regression);
-    dr.get("metrics", c.dataset.metrics);
-    dr.finish();
-  }
+  if (auto* d = r.sub("dataset")) read_dataset(*d, where, c.dataset);
   r.get("data_dir", c.data_dir);
   if (auto* o = r.sub("ood")) {
     if (o->is_string()) c.ood = {o->get<std::string>()};
@@ -261,21 +430,13 @@ RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where
     }
   }
   r.get("method", c.method);
-  r.get("ablation", c.ablation);
+  r.get("ablation", ablation);
   r.get("instruct_data", c.instruct_data);
   r.get("instruct_dev_fraction", c.instruct_dev_fraction);
   r.get("mmlu_dir", c.mmlu_dir);
   r.get("mmlu_shots", c.mmlu_shots);
   r.get("mmlu_max_questions", c.mmlu_max_questions);
-  if (auto* m = r.sub("mixture")) {
-    Reader mr(*m, where + ".mixture");
-    mr.get("tasks", c.mixture.tasks);
-    mr.get("rate", c.mixture.rate);
-    mr.get("cap", c.mixture.cap);
-    mr.get("temperature", c.mixture.temperature);
-    mr.get("templates", c.mixture.templates);
-    mr.finish();
-  }
+  if (auto* m = r.sub("mixture")) read_mixture(*m, where, c.mixture);
   r.get("heldout", c.heldout);
   r.get("rank_score", c.rank_score);
   r.get("prune_from", c.prune_from);
@@ -287,89 +448,18 @@ RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where
   r.get("dtype", c.dtype);
   r.get("threads", c.threads);
 
-  // MoE: defaults of the method, then the keys given (moe.json's field names)
-  MoeMethod mm = MoeMethod::kEmoe;
-  if (c.method == "emoe-learn") mm = MoeMethod::kEmoeLearn;
-  else if (c.method == "gmoe") mm = MoeMethod::kGmoe;
-  else if (c.method == "moefication") mm = MoeMethod::kMoefication;
-  c.moe = MoeConfig::for_method(mm);
-  c.moe.layers.clear();
-  if (auto* m = r.sub("moe")) {
-    EMOE_CHECK(m->is_object(), InputError, "{}.moe: expected a mapping", where);
-    nlohmann::json merged = c.moe.to_json();
-    static const std::set<std::string> known = [] {
-      std::set<std::string> k;
-      const nlohmann::json defaults = MoeConfig().to_json();
-      for (auto it = defaults.begin(); it != defaults.end(); ++it) k.insert(it.key());
-      k.insert("kmeans");
-      return k;
-    }();
-    for (auto it = m->begin(); it != m->end(); ++it) {
-      EMOE_CHECK(known.count(it.key()), InputError, "{}.moe: unknown key '{}' (known: {})", where,
-                 it.key(), fmt::join(known, ", "));
-      EMOE_CHECK(it.key() != "method" || it.value() == to_string(mm), InputError,
-                 "{}.moe.method: the MoE method follows `method:` ({} -> {}), got {}", where,
-                 c.method, to_string(mm), it.value().dump());
-      merged[it.key()] = it.value();
-    }
-    if (m->contains("tutel") && (*m)["tutel"].is_boolean() && (*m)["tutel"].get<bool>()) {
-      MoeConfig tmp = MoeConfig::from_json(JsonFields(merged, where + ".moe"));
-      tmp.enable_tutel_parity();
-      nlohmann::json t = tmp.to_json();
-      for (auto& k : {"gate_noise", "softmax_before_topk", "capacity_factor", "batch_prioritized",
-                      "balance_loss", "balance_weight", "preact_dropout"})
-        if (!m->contains(k)) merged[k] = t[k];
-    }
-    c.moe = MoeConfig::from_json(JsonFields(merged, where + ".moe"));
-  }
+  c.moe = read_moe(r, c.method, where);
   c.peft = PeftConfig::for_method(c.peft_method(), "");
-  if (auto* p = r.sub("peft")) {
-    Reader pr(*p, where + ".peft");
-    pr.get("targets", c.peft.targets);
-    pr.get("feedforward_targets", c.peft.feedforward_targets);
-    pr.get("r", c.peft.r);
-    pr.get("alpha", c.peft.alpha);
-    pr.get("dropout", c.peft.dropout);
-    pr.get("experts", c.peft.experts);
-    pr.get("topk", c.peft.topk);
-    pr.get("balance_weight", c.peft.balance_weight);
-    pr.finish();
-  }
+  if (auto* p = r.sub("peft")) read_peft(*p, where, c.peft);
   c.peft.method = c.peft_method();
-  if (auto* t = r.sub("train")) {
-    Reader tr(*t, where + ".train");
-    auto& o = c.train;
-    tr.get("lr", o.lr);
-    tr.get("head_lr", o.head_lr);
-    tr.get("router_lr", o.router_lr);
-    tr.get("weight_decay", o.weight_decay);
-    tr.get("adam_beta1", o.adam_beta1);
-    tr.get("adam_beta2", o.adam_beta2);
-    tr.get("adam_eps", o.adam_eps);
-    tr.get("batch_size", o.batch_size);
-    tr.get("eval_batch_size", o.eval_batch_size);
-    tr.get("grad_accum", o.grad_accum);
-    tr.get("grad_clip", o.grad_clip);
-    tr.get("epochs", o.epochs);
-    tr.get("max_steps", o.max_steps);
-    tr.get("schedule", o.schedule);
-    tr.get("warmup_ratio", o.warmup_ratio);
-    tr.get("warmup_steps", o.warmup_steps);
-    tr.get("max_length", o.max_length);
-    tr.get("seed", o.seed);
-    tr.get("early_stopping", o.early_stopping);
-    tr.get("max_train_examples", o.max_train_examples);
-    tr.get("max_eval_examples", o.max_eval_examples);
-    tr.get("log_every", o.log_every);
-    tr.get("save_every", o.save_every);
-    tr.get("stop_after_steps", o.stop_after_steps);
-    tr.get("usage_interval", o.usage_interval);
-    tr.get("precision", o.precision);
-    tr.get("nonfinite", o.nonfinite);
-    tr.get("max_target_length", o.max_target_length);
-    tr.finish();
-  }
+  if (auto* t = r.sub("train"))
+    read_train(*t, where, c.train, schedule, precision, nonfinite);
   r.finish();
+  c.objective = parse_objective(objective);
+  c.ablation = parse_ablation(ablation);
+  c.train.schedule = parse_schedule(schedule);
+  c.train.nonfinite = parse_nonfinite(nonfinite);
+  c.train.precision = parse_option(kPrecisionNames, precision, "train.precision");
   return c;
 }
 
@@ -382,9 +472,7 @@ void RunConfig::validate() const {
                                                 "emoe+lora", "emoe-learn", "gmoe", "moefication"};
   if (!methods.count(method))
     bad("method", fmt::format("expected one of {}, got '{}'", fmt::join(methods, ", "), method));
-  if (objective != "classification" && objective != "instruction" && objective != "seq2seq")
-    bad("objective", fmt::format("expected classification, instruction or seq2seq, got '{}'", objective));
-  if (objective == "seq2seq") {
+  if (objective == ObjectiveKind::kSeq2Seq) {
     if (mixture.tasks.empty()) bad("mixture.tasks", "required for seq2seq (e.g. [sst2, cola, mrpc])");
     std::set<std::string> seen;
     for (const auto& t : mixture.tasks) {
@@ -409,21 +497,23 @@ void RunConfig::validate() const {
     if (!dataset.empty()) bad("dataset", "not used by seq2seq (the mixture reads GLUE tasks)");
     if (!ood.empty()) bad("ood", "not used by seq2seq (use heldout)");
   } else {
-    if (!mixture.tasks.empty()) bad("mixture", fmt::format("only for objective seq2seq, got objective '{}'", objective));
-    if (!heldout.empty()) bad("heldout", fmt::format("only for objective seq2seq, got objective '{}'", objective));
+    const std::string only = fmt::format("only for objective seq2seq, got objective '{}'",
+                                         to_string(objective));
+    if (!mixture.tasks.empty()) bad("mixture", only);
+    if (!heldout.empty()) bad("heldout", only);
   }
-  if (objective == "classification" && task.empty()) bad("task", "required for classification");
+  if (objective == ObjectiveKind::kClassification && task.empty())
+    bad("task", "required for classification");
   if (!dataset.empty()) {
     if (dataset.dev.empty()) bad("dataset.dev", "required with dataset.train");
     if (!dataset.regression && dataset.labels.size() < 2) bad("dataset.labels", "expected two or more label names");
     if (dataset.metrics.empty()) bad("dataset.metrics", "expected at least one metric");
     if (dataset.text_cols.empty() || dataset.text_cols.size() > 2) bad("dataset.text_cols", "expected one or two columns");
   }
-  if (objective == "instruction" && instruct_data.empty())
+  if (objective == ObjectiveKind::kInstruction && instruct_data.empty())
     bad("instruct_data", "required for instruction tuning (an Alpaca JSON file)");
-  if (ablation != "none" && ablation != "train-dense-eval-moe" && ablation != "train-moe-eval-dense")
-    bad("ablation", fmt::format("expected none, train-dense-eval-moe or train-moe-eval-dense, got '{}'", ablation));
-  if (ablation == "train-moe-eval-dense" && !(method == "emoe" || method == "emoe+lora" || method == "emoe-learn"))
+  if (ablation == Ablation::kTrainMoeEvalDense &&
+      !(method == "emoe" || method == "emoe+lora" || method == "emoe-learn"))
     bad("ablation", "train-moe-eval-dense needs an EMoE method (emoe, emoe+lora, emoe-learn)");
   const auto& t = train;
   if (t.lr <= 0) bad("train.lr", fmt::format("expected > 0, got {}", t.lr));
@@ -431,17 +521,11 @@ void RunConfig::validate() const {
   if (t.eval_batch_size < 1) bad("train.eval_batch_size", "expected >= 1");
   if (t.grad_accum < 1) bad("train.grad_accum", fmt::format("expected >= 1, got {}", t.grad_accum));
   if (t.epochs < 1 && t.max_steps < 1) bad("train.epochs", "expected >= 1 (or train.max_steps)");
-  if (t.schedule != "linear" && t.schedule != "cosine" && t.schedule != "constant")
-    bad("train.schedule", fmt::format("expected linear, cosine or constant, got '{}'", t.schedule));
   if (t.warmup_ratio < 0 || t.warmup_ratio >= 1) bad("train.warmup_ratio", "expected [0, 1)");
   if (t.max_length < 8) bad("train.max_length", fmt::format("expected >= 8, got {}", t.max_length));
   if (t.grad_clip < 0) bad("train.grad_clip", "expected >= 0");
   if (t.usage_interval < 0) bad("train.usage_interval", "expected >= 0");
-  if (t.nonfinite != "stop" && t.nonfinite != "skip")
-    bad("train.nonfinite", fmt::format("expected stop or skip, got '{}'", t.nonfinite));
-  if (t.precision != "fp32" && t.precision != "bf16-mixed")
-    bad("train.precision", fmt::format("expected fp32 or bf16-mixed, got '{}'", t.precision));
-  if (t.precision == "bf16-mixed" && dtype != "float32")
+  if (t.precision == Precision::kBf16Mixed && dtype != "float32")
     bad("train.precision", fmt::format("bf16-mixed needs float32 weights (dtype), got dtype '{}'", dtype));
   if (peft.r < 1) bad("peft.r", "expected >= 1");
   if (peft.experts < 1) bad("peft.experts", "expected >= 1");

@@ -6,10 +6,30 @@
 #include <string>
 #include <vector>
 
+#include "emoe/data/mixture.h"
 #include "emoe/moe/moe_config.h"
 #include "emoe/peft/peft.h"
+#include "emoe/train/precision.h"
 
 namespace emoe {
+
+// The option values of a run, parsed once by RunConfig::from_json; to_string gives the config's
+// name back (the resolved config.json), parse_* the value of a name or an InputError
+// "run config: <key>: expected ..., got '<name>'".
+enum class ObjectiveKind { kClassification, kInstruction, kSeq2Seq };
+enum class Schedule { kLinear, kCosine, kConstant };
+// SPEC §3.4: the MoE plugs compute the dense FFN while training or while evaluating.
+enum class Ablation { kNone, kTrainDenseEvalMoe, kTrainMoeEvalDense };
+enum class NonFinitePolicy { kStop, kSkip };
+
+std::string to_string(ObjectiveKind v);
+std::string to_string(Schedule v);
+std::string to_string(Ablation v);
+std::string to_string(NonFinitePolicy v);
+ObjectiveKind parse_objective(const std::string& name);
+Schedule parse_schedule(const std::string& name);
+Ablation parse_ablation(const std::string& name);
+NonFinitePolicy parse_nonfinite(const std::string& name);
 
 struct TrainOptions {
   double lr = 5e-5;
@@ -23,7 +43,7 @@ struct TrainOptions {
   double grad_clip = 1.0;  // 0 = off
   int64_t epochs = 3;
   int64_t max_steps = 0;   // optimiser steps; 0 = epochs decide
-  std::string schedule = "linear";  // linear | cosine | constant
+  Schedule schedule = Schedule::kLinear;
   double warmup_ratio = 0.0;
   int64_t warmup_steps = 0;  // overrides warmup_ratio when > 0
   int64_t max_length = 128;
@@ -37,20 +57,11 @@ struct TrainOptions {
   int64_t usage_interval = 10;     // steps between expert-usage snapshots (0 = per epoch only)
   // fp32 | bf16-mixed (matrix multiplies in bfloat16 under autocast, for training and the
   // evaluations of the run; weights, optimiser state, norms and losses stay float32)
-  std::string precision = "fp32";
+  Precision precision = Precision::kFp32;
   // A non-finite loss or gradient norm: "stop" the run with a message, or "skip" the optimiser
   // step (gradients dropped, counted as skipped_steps in the logs); never written to the weights.
-  std::string nonfinite = "stop";
+  NonFinitePolicy nonfinite = NonFinitePolicy::kStop;
   int64_t max_target_length = 16;  // objective seq2seq: decoder target tokens (with eos)
-};
-
-// objective seq2seq: the multi-task training mixture (Raffel et al. 2020, §3.5.2).
-struct MixtureConfig {
-  std::vector<std::string> tasks;              // GLUE tasks with templates (data/templates.h)
-  std::string rate = "examples-proportional";  // examples-proportional | temperature
-  int64_t cap = 3000;                          // per-task example limit K (0 = none)
-  double temperature = 2.0;                    // temperature scaling: rate ∝ min(n, cap)^(1/T)
-  std::string templates = "all";               // all: a random template per draw; first: only the first
 };
 
 // A classification data set from the user's own files (instead of a GLUE task).
@@ -67,7 +78,7 @@ struct CustomDataset {
 
 struct RunConfig {
   std::string model;             // Hugging Face model folder
-  std::string objective = "classification";  // classification | instruction | seq2seq
+  ObjectiveKind objective = ObjectiveKind::kClassification;
   std::string task;              // GLUE task name (classification), or a name for `dataset`
   CustomDataset dataset;         // when set: the task's data come from these files
   std::string data_dir = "../shared/data";
@@ -78,7 +89,7 @@ struct RunConfig {
   PeftConfig peft;
   TrainOptions train;
   // none | train-dense-eval-moe (e.g. LoRA -> EMoE) | train-moe-eval-dense (EMoE -> dense)
-  std::string ablation = "none";
+  Ablation ablation = Ablation::kNone;
   // Instruction tuning: Alpaca JSON, held-out share for the dev loss, MMLU folder and shots.
   std::string instruct_data;
   double instruct_dev_fraction = 0.02;

@@ -1,0 +1,216 @@
+// A training run's context: set-up before the loop and results.json after it.
+#include "emoe/train/run_context.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "emoe/analysis/flops.h"
+#include "emoe/core/error.h"
+#include "emoe/core/logging.h"
+#include "emoe/core/runtime.h"
+#include "emoe/io/atomic_file.h"
+#include "emoe/train/method.h"
+#include "emoe/methods/model_folder.h"
+#include "emoe/models/architecture.h"
+
+namespace emoe {
+namespace fs = std::filesystem;
+
+namespace {
+
+// The model folder's config.json model_type ("" when it cannot be read: the loader reports it).
+std::string run_model_type(const std::string& dir) {
+  std::ifstream in((fs::path(dir) / "config.json").string());
+  if (!in) return "";
+  try {
+    auto j = nlohmann::json::parse(in);
+    return j.value("model_type", std::string());
+  } catch (const nlohmann::json::exception&) {
+    return "";
+  }
+}
+
+// seq2seq needs an encoder-decoder model, and the other objectives need one without a decoder
+// (the architecture's traits say which it is; an unreadable config is the loader's to report).
+void check_objective_fits_model(const std::string& model, ObjectiveKind objective) {
+  const std::string model_type = run_model_type(model);
+  const Architecture* arch = find_architecture(model_type);
+  const bool encoder_decoder = arch && arch->encoder_decoder;
+  const bool seq2seq = objective == ObjectiveKind::kSeq2Seq;
+  EMOE_CHECK(!seq2seq || encoder_decoder || model_type.empty(), InputError,
+             "run config: objective: seq2seq needs an encoder-decoder model (model_type t5); {} "
+             "is a {} model",
+             model, model_type);
+  EMOE_CHECK(seq2seq || !encoder_decoder, InputError,
+             "run config: objective: {} is not available for the encoder-decoder model {} ({}); "
+             "use objective: seq2seq",
+             to_string(objective), model, model_type);
+}
+
+void setup_model(TrainContext& c) {
+  const auto& cfg = c.cfg;
+  LoadOptions lo;
+  lo.dtype = parse_dtype(cfg.dtype);
+  c.objective->set_head(lo);
+  lo.allow_new_head = true;
+  MoeState start_moe;
+  PeftConfig start_peft;
+  c.model = load_any_model(cfg.model, lo, &start_moe, &start_peft);
+  EMOE_CHECK(start_peft.method == PeftMethod::kNone, UsageError,
+             "{}: has adapters (peft.json); export it first (emoe export --dense)", cfg.model);
+  c.moe = start_moe;
+  if (cfg.uses_moe()) {
+    EMOE_CHECK(start_moe.empty(), UsageError,
+               "{}: is already converted ({}); use method full to fine-tune it as it is", cfg.model,
+               to_string(start_moe.config.method));
+  }
+  // the pad id is not known yet: sample batches are padded with 0
+  auto st =
+      apply_method(*c.model, cfg,
+                   cfg.uses_moe() ? c.objective->sample_inputs(cfg.moe.sample_tokens, c.pad_id)
+                                  : std::vector<ModelInputs>());
+  if (cfg.uses_moe()) c.moe = st.moe;
+  c.peft = st.peft;
+  c.model->to(c.device, parse_dtype(cfg.dtype));
+  c.model->train();
+  auto counts = count_parameters(*c.model);
+  spdlog::info("{} on {}: {} parameters, {} trainable ({:.2f} %)", cfg.method,
+               c.model->summary().model_type, counts.total, counts.trainable,
+               100.0 * counts.trainable / std::max<int64_t>(1, counts.total));
+}
+
+// Analytic cost at the run's length bounds (what a padded batch computes per token).
+nlohmann::json cost_record(const TrainContext& c) {
+  const ModelSummary& sm = c.model->summary();
+  MethodCost cost;
+  cost.name = c.cfg.method;
+  cost.moe = !c.moe.empty();
+  cost.moe_config = c.moe.config;
+  cost.moe_layers = static_cast<int64_t>(c.moe.splits.size());
+  for (const auto& kv : c.moe.splits)
+    if (kv.first >= sm.num_layers && sm.encoder_decoder()) ++cost.moe_decoder_layers;
+  cost.peft = c.peft;
+  cost.trainable_body = c.peft.method == PeftMethod::kNone;
+  const int64_t max_length = c.cfg.train.max_length;
+  const int64_t seq =
+      std::min<int64_t>(max_length, sm.max_positions > 0 ? sm.max_positions : max_length);
+  const FlopCount fl = count_flops(sm, cost, seq, c.objective->target_length());
+  return {{"seq_len", seq},
+          {"forward_gmacs_per_token", fl.forward_total / 1e9},
+          {"train_gmacs_per_token", fl.train_total / 1e9}};
+}
+
+}  // namespace
+
+void start_train_process(TrainContext& c, const DistOptions& dist) {
+  if (!dist.enabled()) {
+    configure_threads(c.cfg.threads);
+    return;
+  }
+  // the local ranks share the cores unless train threads were given
+  int threads = c.cfg.threads;
+  if (threads <= 0)
+    threads =
+        std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / dist.local_world_size);
+  configure_threads(threads);
+  c.comm = std::make_unique<Communicator>(dist);
+  if (!c.main_rank()) spdlog::set_level(std::max(spdlog::get_level(), spdlog::level::warn));
+  spdlog::info("data parallel: {} ranks (c10d Gloo, rendezvous {}:{}), {} threads each",
+               dist.world_size, dist.master_addr, dist.master_port, threads);
+}
+
+void check_resume(const TrainContext& c, bool resume) {
+  const bool has_checkpoint = !latest_checkpoint(c.dir).empty();
+  EMOE_CHECK(resume || !has_checkpoint, UsageError,
+             "{}: already holds a run (checkpoints/); pass --resume to continue it or choose "
+             "another output",
+             c.dir);
+  if (resume && fs::exists(fs::path(c.dir) / "config.json")) {
+    auto saved = JsonFields::from_file((fs::path(c.dir) / "config.json").string()).raw();
+    auto now = c.cfg.to_json();
+    saved["train"].erase("stop_after_steps");
+    now["train"].erase("stop_after_steps");
+    EMOE_CHECK(saved == now, UsageError,
+               "{}: --resume needs the run's own config; config.json differs from the one given",
+               c.dir);
+  }
+}
+
+std::unique_ptr<GradientSync> start_gradient_sync(TrainContext& c, Optimizer& opt) {
+  if (!c.comm) return nullptr;
+  // identical weights everywhere (rank 0's), then gradients averaged over the ranks
+  std::vector<torch::Tensor> all;
+  for (auto& p : c.model->parameters()) all.push_back(p);
+  for (auto& b : c.model->buffers()) all.push_back(b);
+  {
+    torch::NoGradGuard g;
+    c.comm->broadcast(all, 0);
+  }
+  auto sync = std::make_unique<GradientSync>(*c.comm, opt.parameters());
+  spdlog::info("gradients all-reduced in {} bucket(s)", sync->buckets());
+  return sync;
+}
+
+void prepare_run(TrainContext& c) {
+  torch::manual_seed(static_cast<uint64_t>(c.cfg.train.seed));
+  check_objective_fits_model(c.cfg.model, c.cfg.objective);
+  c.tok = load_tokenizer(c.cfg.model);
+  c.objective = make_objective(c.cfg);
+  c.objective->load_data(*c.tok);
+  EMOE_CHECK(!c.objective->train().empty(), InputError, "no training examples");
+  setup_model(c);
+  if (c.main_rank()) {
+    std::error_code ec;
+    fs::create_directories(c.dir, ec);
+    EMOE_CHECK(!ec, RuntimeError, "{}: cannot create the run folder: {}", c.dir, ec.message());
+    write_text_atomic((fs::path(c.dir) / "config.json").string(), c.cfg.to_json().dump(2) + "\n");
+  }
+  const auto& s = c.model->summary();
+  c.pad_id = c.tok->special().pad.value_or(s.pad_token_id.value_or(s.eos_token_id.value_or(0)));
+}
+
+StepPlan plan_steps(const TrainOptions& o, int64_t n) {
+  StepPlan p;
+  p.n = n;
+  p.batches_per_epoch = (n + o.batch_size - 1) / o.batch_size;
+  p.steps_per_epoch = (p.batches_per_epoch + o.grad_accum - 1) / o.grad_accum;
+  p.total_steps = o.max_steps > 0 ? o.max_steps : o.epochs * p.steps_per_epoch;
+  p.epochs =
+      o.max_steps > 0 ? (p.total_steps + p.steps_per_epoch - 1) / p.steps_per_epoch : o.epochs;
+  p.warmup = o.warmup_steps > 0
+                 ? o.warmup_steps
+                 : static_cast<int64_t>(o.warmup_ratio * static_cast<double>(p.total_steps));
+  return p;
+}
+
+nlohmann::json run_results(TrainContext& c, const TrainState& st) {
+  nlohmann::json best_sets;
+  for (const auto& h : st.history)
+    if (h["epoch"].get<int64_t>() == st.best_epoch) best_sets = h["sets"];
+  const auto& cfg = c.cfg;
+  auto counts = count_parameters(*c.model);
+  nlohmann::json res = {{"model", cfg.model},
+                        {"method", cfg.method},
+                        {"objective", to_string(cfg.objective)},
+                        {"task", cfg.task},
+                        {"seed", cfg.train.seed},
+                        {"lr", cfg.train.lr},
+                        {"ablation", to_string(cfg.ablation)},
+                        {"best_epoch", st.best_epoch},
+                        {"best", best_sets},
+                        {"main_metric", c.objective->main_metric()},
+                        {"epochs_run", st.epoch},
+                        {"steps", st.step},
+                        {"skipped_steps", st.skipped_steps},
+                        {"train_seconds", st.train_seconds},
+                        {"parameters", {{"total", counts.total}, {"trainable", counts.trainable}}},
+                        {"history", st.history}};
+  res["cost"] = cost_record(c);
+  c.objective->add_results(res, best_sets);
+  return res;
+}
+
+}  // namespace emoe
