@@ -1,16 +1,15 @@
 // Helpers shared by the benchmark programs: timing, the measured GEMM peak, peak memory.
 #pragma once
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <sys/resource.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <string>
-
-#include <c10/core/Allocator.h>
-#include <c10/core/CPUAllocator.h>
-#include <torch/torch.h>
 
 #include "emoe/core/torch_compat.h"
 #include "emoe/models/matmul.h"
@@ -41,7 +40,8 @@ inline double time_per_call(const std::function<void()>& f, int min_reps, double
 // the best of a few timed rounds. via_emoe: through emoe::gemm_out, the toolkit's own product
 // (oneDNN for float32 on AVX-512 CPUs), else through ATen's mm (OpenBLAS on CPU).
 inline double gemm_gflops(int64_t m, int64_t k, int64_t n, c10::ScalarType dtype,
-                          const c10::Device& device, double min_seconds = 1.0, bool via_emoe = false) {
+                          const c10::Device& device, double min_seconds = 1.0,
+                          bool via_emoe = false) {
   auto opts = torch::TensorOptions().dtype(dtype).device(device);
   auto a = torch::randn({m, k}, opts), b = torch::randn({k, n}, opts);
   auto c = torch::empty({m, n}, opts);
@@ -99,7 +99,8 @@ class TensorMemory final : public c10::Allocator {
   void reset_peak(const c10::Device& device) {
     peak_.store(current_.load());
 #ifdef EMOE_BENCH_HAS_CUDA_STATS
-    if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+    if (device.is_cuda())
+      c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
 #else
     (void)device;
 #endif
@@ -108,7 +109,8 @@ class TensorMemory final : public c10::Allocator {
   double peak_mib(const c10::Device& device) const {
 #ifdef EMOE_BENCH_HAS_CUDA_STATS
     if (device.is_cuda()) {
-      auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+      auto stats =
+          c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
       const auto agg = static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE);
       return static_cast<double>(stats.allocated_bytes[agg].peak) / (1024.0 * 1024.0);
     }
@@ -130,7 +132,9 @@ class TensorMemory final : public c10::Allocator {
     }
     return {data, data, &TensorMemory::release, c10::Device(c10::DeviceType::CPU)};
   }
-  c10::DeleterFnPtr raw_deleter() const override { return &TensorMemory::release; }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &TensorMemory::release;
+  }
 #if EMOE_ALLOCATOR_HAS_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);

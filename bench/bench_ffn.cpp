@@ -21,7 +21,8 @@ namespace {
 constexpr const char* kUsage =
     "usage: bench_ffn [--tokens N] [--reps R] [--precision fp32|bf16] [--device cpu|cuda]\n"
     "  one BERT-base FFN (768 x 3072) forward+backward: dense, EMoE masked and EMoE dispatched\n"
-    "  at N 64 and 16, k/N 1/2, 1/4, 1/8; medians of R steps after one warm-up (defaults 2048, 5)\n";
+    "  at N 64 and 16, k/N 1/2, 1/4, 1/8; medians of R steps after one warm-up (defaults 2048, "
+    "5)\n";
 
 double time_once(const std::function<void()>& f) {
   auto t0 = std::chrono::steady_clock::now();
@@ -43,8 +44,8 @@ int64_t positive(const std::string& flag, const std::string& text) {
   } catch (const std::exception&) {
     used = 0;
   }
-  EMOE_CHECK(used == text.size() && v >= 1, UsageError, "{}: expected a positive integer, got '{}'", flag,
-             text);
+  EMOE_CHECK(used == text.size() && v >= 1, UsageError, "{}: expected a positive integer, got '{}'",
+             flag, text);
   return v;
 }
 
@@ -81,7 +82,8 @@ int main(int argc, char** argv) {
         EMOE_THROW(UsageError, "unknown argument '{}'", k);
       }
     }
-    EMOE_CHECK(positional.size() <= 2, UsageError, "expected at most two positional arguments (TOKENS REPS)");
+    EMOE_CHECK(positional.size() <= 2, UsageError,
+               "expected at most two positional arguments (TOKENS REPS)");
     if (!positional.empty()) tokens = positive("TOKENS", positional[0]);
     if (positional.size() > 1) reps = positive("REPS", positional[1]);
     precision = emoe::parse_precision(precision_text);
@@ -93,8 +95,9 @@ int main(int argc, char** argv) {
   emoe::configure_threads(0);
   emoe::init_logging(0);
   const int64_t d = 768, d_ff = 3072;
-  nlohmann::json cfg = {{"model_type", "bert"}, {"hidden_size", d}, {"intermediate_size", d_ff},
-                        {"num_hidden_layers", 1}, {"num_attention_heads", 12}, {"vocab_size", 100},
+  nlohmann::json cfg = {{"model_type", "bert"},          {"hidden_size", d},
+                        {"intermediate_size", d_ff},     {"num_hidden_layers", 1},
+                        {"num_attention_heads", 12},     {"vocab_size", 100},
                         {"max_position_embeddings", 512}};
   torch::manual_seed(0);
   auto model = emoe::create_model(emoe::JsonFields(cfg, "bench"), emoe::Head::kBase);
@@ -109,9 +112,10 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) (void)x.grad().sum().item<double>();  // waits for the device
   };
   std::cout << "FFN " << d << " x " << d_ff << ", " << tokens << " tokens, forward+backward, "
-            << emoe::to_string(precision) << ", " << device_text << ", " << emoe::configure_threads(0)
-            << " threads\n";
-  std::cout << "| N | k/N | dense (ms) | masked (ms) | dispatched (ms) | masked/dense | dispatched/dense | dispatched/masked |\n"
+            << emoe::to_string(precision) << ", " << device_text << ", "
+            << emoe::configure_threads(0) << " threads\n";
+  std::cout << "| N | k/N | dense (ms) | masked (ms) | dispatched (ms) | masked/dense | "
+               "dispatched/dense | dispatched/masked |\n"
                "|---|---|---|---|---|---|---|---|\n";
   for (int64_t experts : {64, 16}) {
     auto c = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
@@ -137,9 +141,9 @@ int main(int argc, char** argv) {
         td.push_back(a), tm.push_back(b), tx.push_back(c2);
       }
       const double dense = median(td), masked = median(tm), disp = median(tx);
-      std::cout << fmt::format("| {} | 1/{} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | {:.2f} |\n", experts,
-                               div, dense * 1e3, masked * 1e3, disp * 1e3, masked / dense, disp / dense,
-                               disp / masked);
+      std::cout << fmt::format(
+          "| {} | 1/{} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | {:.2f} |\n", experts, div,
+          dense * 1e3, masked * 1e3, disp * 1e3, masked / dense, disp / dense, disp / masked);
     }
   }
   return 0;

@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
   emoe::KMeansOptions o;
   o.restarts = argc > 1 ? std::atoi(argv[1]) : 1;
   o.max_iter = argc > 2 ? std::atoi(argv[2]) : 1000;
-  if (argc > 3) rows = std::atoll(argv[3]), dim = std::atoll(argv[4]), experts = std::atoll(argv[5]);
+  if (argc > 3)
+    rows = std::atoll(argv[3]), dim = std::atoll(argv[4]), experts = std::atoll(argv[5]);
   torch::manual_seed(0);
   auto keys = torch::randn({rows, dim}) * 0.02;
   std::cout << "split " << rows << " x " << dim << " into " << experts << " experts, restarts "
@@ -25,7 +26,8 @@ int main(int argc, char** argv) {
   auto km = emoe::balanced_kmeans(keys, experts, o);
   double tk = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto rnd = emoe::random_split(keys, experts, 0);
-  std::cout << "balanced k-means: " << tk << " s (" << km.iterations << " iterations in the best restart, "
+  std::cout << "balanced k-means: " << tk << " s (" << km.iterations
+            << " iterations in the best restart, "
             << tk / std::max<int64_t>(1, km.iterations * o.restarts) << " s per iteration)\n"
             << "random split:     " << rnd.seconds << " s\n"
             << "inertia k-means / random: " << km.inertia / rnd.inertia << "\n";

@@ -4,7 +4,8 @@
 // batch 8 x 256, causal LM) — with model-FLOP utilisation against the GEMM peak measured in the
 // same run, and the peak memory of each method (each measured in a fresh process).
 //
-// Usage: bench_train [--models bert-base,llama-style] [--methods full,lora,...] [--steps N] [--warmup W]
+// Usage: bench_train [--models bert-base,llama-style] [--methods full,lora,...] [--steps N]
+// [--warmup W]
 //                    [--precision fp32|bf16|both] [--batch B --seq T] [--layers L]
 //                    [--device cpu|cuda] [--json FILE] [--markdown FILE]
 //   --batch/--seq/--layers shrink the shapes (for a quick check); the defaults are the issue's.
@@ -58,19 +59,29 @@ struct Shape {
 Shape model_shape(const std::string& name, const Args& a) {
   Shape s;
   if (name == "bert-base") {
-    s.config = {{"model_type", "bert"}, {"architectures", {"BertForSequenceClassification"}},
-                {"vocab_size", 30522}, {"hidden_size", 768}, {"num_hidden_layers", 12},
-                {"num_attention_heads", 12}, {"intermediate_size", 3072},
-                {"max_position_embeddings", 512}, {"type_vocab_size", 2}, {"hidden_act", "gelu"},
+    s.config = {{"model_type", "bert"},      {"architectures", {"BertForSequenceClassification"}},
+                {"vocab_size", 30522},       {"hidden_size", 768},
+                {"num_hidden_layers", 12},   {"num_attention_heads", 12},
+                {"intermediate_size", 3072}, {"max_position_embeddings", 512},
+                {"type_vocab_size", 2},      {"hidden_act", "gelu"},
                 {"pad_token_id", 0}};
     s.head = emoe::Head::kSequenceClassification;
     s.batch = 16, s.seq = 128, s.experts = 64, s.topk = 16;
   } else if (name == "llama-style") {
-    s.config = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}},
-                {"vocab_size", 32000}, {"hidden_size", 512}, {"num_hidden_layers", 8},
-                {"num_attention_heads", 8}, {"num_key_value_heads", 8}, {"intermediate_size", 1376},
-                {"max_position_embeddings", 2048}, {"hidden_act", "silu"}, {"rms_norm_eps", 1e-5},
-                {"bos_token_id", 1}, {"eos_token_id", 2}, {"tie_word_embeddings", false}};
+    s.config = {{"model_type", "llama"},
+                {"architectures", {"LlamaForCausalLM"}},
+                {"vocab_size", 32000},
+                {"hidden_size", 512},
+                {"num_hidden_layers", 8},
+                {"num_attention_heads", 8},
+                {"num_key_value_heads", 8},
+                {"intermediate_size", 1376},
+                {"max_position_embeddings", 2048},
+                {"hidden_act", "silu"},
+                {"rms_norm_eps", 1e-5},
+                {"bos_token_id", 1},
+                {"eos_token_id", 2},
+                {"tie_word_embeddings", false}};
     s.head = emoe::Head::kCausalLM;
     s.batch = 8, s.seq = 256, s.experts = 32, s.topk = 8;
   } else {
@@ -95,7 +106,8 @@ emoe::RunConfig method_config(const std::string& method, const Shape& s, int64_t
     for (int64_t l = 0; l < layers; ++l) all[l] = l;
     sets.push_back(fmt::format("moe.layers=[{}]", fmt::join(all, ",")));
     sets.push_back("moe.kmeans={restarts: 1, max_iter: 20}");
-    sets.push_back(std::string("moe.execution=") + (method == "emoe-dispatched" ? "dispatched" : "masked"));
+    sets.push_back(std::string("moe.execution=") +
+                   (method == "emoe-dispatched" ? "dispatched" : "masked"));
   }
   return emoe::load_run_config("", sets);
 }
@@ -108,9 +120,9 @@ void measure_one(const Args& a) {
   tensor_memory.install();
   torch::manual_seed(0);
   auto t_setup = std::chrono::steady_clock::now();
-  auto model = emoe::create_model(emoe::JsonFields(s.config, a.single_model), s.head,
-                                  s.head == emoe::Head::kSequenceClassification ? std::optional<int64_t>(2)
-                                                                                : std::nullopt);
+  auto model = emoe::create_model(
+      emoe::JsonFields(s.config, a.single_model), s.head,
+      s.head == emoe::Head::kSequenceClassification ? std::optional<int64_t>(2) : std::nullopt);
   const auto summary = model->summary();
   auto cfg = method_config(a.single_method, s, summary.num_layers);
   auto st = emoe::apply_method(*model, cfg, {});
@@ -131,8 +143,9 @@ void measure_one(const Args& a) {
   in.input_ids = torch::randint(5, summary.vocab_size, {s.batch, s.seq}, torch::kLong).to(dev);
   in.attention_mask = torch::ones({s.batch, s.seq}, torch::kLong).to(dev);
   in.output_logits = false;  // as the trainer: the loss only
-  in.labels = s.head == emoe::Head::kCausalLM ? in.input_ids
-                                              : torch::randint(0, 2, {s.batch}, torch::kLong).to(dev);
+  in.labels = s.head == emoe::Head::kCausalLM
+                  ? in.input_ids
+                  : torch::randint(0, 2, {s.batch}, torch::kLong).to(dev);
   emoe::TrainOptions to;
   to.lr = 1e-5;
   emoe::Optimizer opt(*model, to);
@@ -177,8 +190,9 @@ void measure_one(const Args& a) {
   for (int64_t i = 0; i < a.warmup; ++i) timed_step();
   // the fp32 peak: the best of ATen's mm and emoe's own product (what the model's layers use)
   auto fp32_peak = [&] {
-    return std::max(emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 0.6),
-                    emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 0.6, /*via_emoe=*/true));
+    return std::max(
+        emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 0.6),
+        emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 0.6, /*via_emoe=*/true));
   };
   const double gemm_before = fp32_peak();
   tensor_memory.reset_peak(dev);
@@ -242,8 +256,10 @@ void measure_one(const Args& a) {
                       {"train_peak_tensor_mib", train_peak_tensors},
                       {"loss", loss_value}};
   if (cost.moe)
-    j["moe"] = {{"experts", cost.moe_config.experts}, {"topk", cost.moe_config.topk},
-                {"layers", cost.moe_layers}, {"execution", emoe::to_string(cost.moe_config.execution)}};
+    j["moe"] = {{"experts", cost.moe_config.experts},
+                {"topk", cost.moe_config.topk},
+                {"layers", cost.moe_layers},
+                {"execution", emoe::to_string(cost.moe_config.execution)}};
   std::cout << "BENCH " << j.dump() << std::endl;
 }
 
@@ -251,23 +267,28 @@ nlohmann::json run_child(const Args& a, const std::string& model, const std::str
                          const std::string& precision) {
   std::string cmd = fmt::format(
       "{} --single {} {} {} --steps {} --warmup {} --batch {} --seq {} --layers {} --device {}",
-      emoe::shell_quote(emoe::self_executable()), model, method, precision, a.steps, a.warmup, a.batch, a.seq,
-      a.layers, a.device);
-  return emoe::run_and_read_json_line(cmd, "BENCH ", fmt::format("bench_train: measuring {} {} {}", model, method, precision));
+      emoe::shell_quote(emoe::self_executable()), model, method, precision, a.steps, a.warmup,
+      a.batch, a.seq, a.layers, a.device);
+  return emoe::run_and_read_json_line(
+      cmd, "BENCH ", fmt::format("bench_train: measuring {} {} {}", model, method, precision));
 }
 
-std::string fmt_ratio(double x) { return fmt::format("{:.2f}", x); }
+std::string fmt_ratio(double x) {
+  return fmt::format("{:.2f}", x);
+}
 
 int run(const Args& a) {
   const auto dev = emoe::parse_device(a.device);
   const int threads = emoe::configure_threads(0);
   std::cerr << "measuring the GEMM peak...\n";
   const double peak32_aten = emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 1.5);
-  const double peak32_emoe = emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 1.5, /*via_emoe=*/true);
+  const double peak32_emoe =
+      emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 1.5, /*via_emoe=*/true);
   const double peak32 = std::max(peak32_aten, peak32_emoe);
   const double peak16 = emoe::bench::gemm_gflops(2048, 768, 3072, torch::kBFloat16, dev, 1.5);
-  std::vector<std::string> precisions =
-      a.precision == "both" ? std::vector<std::string>{"fp32", "bf16"} : std::vector<std::string>{a.precision};
+  std::vector<std::string> precisions = a.precision == "both"
+                                            ? std::vector<std::string>{"fp32", "bf16"}
+                                            : std::vector<std::string>{a.precision};
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& model : split_list(a.models)) {
     model_shape(model, a);  // unknown names fail before any measuring
@@ -280,12 +301,17 @@ int run(const Args& a) {
       }
   }
   std::ostringstream md;
-  md << fmt::format("GEMM peak (2048 x 768 x 3072, {} threads, {}): float32 {:.1f} GFLOP/s (the best of ATen's mm, "
-                    "{:.1f}, and emoe's own product, {:.1f}: {}), bfloat16 {:.1f} GFLOP/s "
-                    "(MFU of fp32 rows uses the peak measured in that row's own process, before and after its steps)\n\n",
-                    threads, a.device, peak32, peak32_aten, peak32_emoe, emoe::matmul_backend_name(), peak16)
+  md << fmt::format(
+            "GEMM peak (2048 x 768 x 3072, {} threads, {}): float32 {:.1f} GFLOP/s (the best of "
+            "ATen's mm, "
+            "{:.1f}, and emoe's own product, {:.1f}: {}), bfloat16 {:.1f} GFLOP/s "
+            "(MFU of fp32 rows uses the peak measured in that row's own process, before and after "
+            "its steps)\n\n",
+            threads, a.device, peak32, peak32_aten, peak32_emoe, emoe::matmul_backend_name(),
+            peak16)
      << "| model | method | precision | params (M) | trainable (M) | train step (s) | vs full | "
-        "MoE step / dense step | train tokens/s | MFU | inference tokens/s | peak tensor memory (MiB) | vs full | "
+        "MoE step / dense step | train tokens/s | MFU | inference tokens/s | peak tensor memory "
+        "(MiB) | vs full | "
         "peak RSS (MiB) | vs full |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : rows) {
@@ -296,30 +322,38 @@ int run(const Args& a) {
         full_mem = f["train_peak_rss_mib"].get<double>();
         full_tensors = f["train_peak_tensor_mib"].get<double>();
       }
-    const double step = r["train_step_s"].get<double>(), mem = r["train_peak_rss_mib"].get<double>();
+    const double step = r["train_step_s"].get<double>(),
+                 mem = r["train_peak_rss_mib"].get<double>();
     const double tensors = r["train_peak_tensor_mib"].get<double>();
     // fp32: against the peak the measuring process itself saw (the machine's load varies)
     const double peak = r["precision"] == "bf16" ? peak16 : r["fp32_peak_gflops"].get<double>();
-    const double mfu = r["train_flops_per_token"].get<double>() * r["train_tokens_per_s"].get<double>() / (peak * 1e9);
+    const double mfu = r["train_flops_per_token"].get<double>() *
+                       r["train_tokens_per_s"].get<double>() / (peak * 1e9);
     std::string method = r["method"].get<std::string>();
     if (r.contains("moe"))
       method += fmt::format(" (N {}, k {}, {} layers)", r["moe"]["experts"].get<int64_t>(),
                             r["moe"]["topk"].get<int64_t>(), r["moe"]["layers"].get<int64_t>());
     const double vs_dense = r["moe_step_over_dense_step"].get<double>();
-    md << fmt::format("| {} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {} | {} | {:.0f} | {:.0f} % | {:.0f} | {:.0f} | {} | {:.0f} | {} |\n",
-                      r["model"].get<std::string>(), method, r["precision"].get<std::string>(),
-                      r["parameters"].get<double>() / 1e6, r["trainable"].get<double>() / 1e6, step,
-                      full_step > 0 ? fmt_ratio(step / full_step) : "-",
-                      vs_dense > 0 ? fmt_ratio(vs_dense) : "-", r["train_tokens_per_s"].get<double>(),
-                      100.0 * mfu, r["inference_tokens_per_s"].get<double>(), tensors,
-                      full_tensors > 0 ? fmt_ratio(tensors / full_tensors) : "-", mem,
-                      full_mem > 0 ? fmt_ratio(mem / full_mem) : "-");
+    md << fmt::format(
+        "| {} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {} | {} | {:.0f} | {:.0f} % | {:.0f} | {:.0f} "
+        "| {} | {:.0f} | {} |\n",
+        r["model"].get<std::string>(), method, r["precision"].get<std::string>(),
+        r["parameters"].get<double>() / 1e6, r["trainable"].get<double>() / 1e6, step,
+        full_step > 0 ? fmt_ratio(step / full_step) : "-", vs_dense > 0 ? fmt_ratio(vs_dense) : "-",
+        r["train_tokens_per_s"].get<double>(), 100.0 * mfu,
+        r["inference_tokens_per_s"].get<double>(), tensors,
+        full_tensors > 0 ? fmt_ratio(tensors / full_tensors) : "-", mem,
+        full_mem > 0 ? fmt_ratio(mem / full_mem) : "-");
   }
   std::cout << md.str();
-  nlohmann::json doc = {{"threads", threads}, {"device", a.device}, {"fp32_peak_gflops", peak32},
-                        {"fp32_aten_gflops", peak32_aten}, {"fp32_emoe_gflops", peak32_emoe},
+  nlohmann::json doc = {{"threads", threads},
+                        {"device", a.device},
+                        {"fp32_peak_gflops", peak32},
+                        {"fp32_aten_gflops", peak32_aten},
+                        {"fp32_emoe_gflops", peak32_emoe},
                         {"fp32_emoe_backend", emoe::matmul_backend_name()},
-                        {"bf16_peak_gflops", peak16}, {"rows", rows}};
+                        {"bf16_peak_gflops", peak16},
+                        {"rows", rows}};
   if (!a.json_out.empty()) emoe::write_text_atomic(a.json_out, doc.dump(1) + "\n");
   if (!a.markdown_out.empty()) emoe::write_text_atomic(a.markdown_out, md.str());
   return 0;
@@ -338,18 +372,30 @@ int main(int argc, char** argv) {
         EMOE_CHECK(i + 1 < argc, UsageError, "{}: expected a value", k);
         return argv[++i];
       };
-      if (k == "--models") a.models = next();
-      else if (k == "--methods") a.methods = next();
-      else if (k == "--precision") a.precision = next();
-      else if (k == "--device") a.device = next();
-      else if (k == "--json") a.json_out = next();
-      else if (k == "--markdown") a.markdown_out = next();
-      else if (k == "--steps") a.steps = std::stoll(next());
-      else if (k == "--warmup") a.warmup = std::stoll(next());
-      else if (k == "--batch") a.batch = std::stoll(next());
-      else if (k == "--seq") a.seq = std::stoll(next());
-      else if (k == "--layers") a.layers = std::stoll(next());
-      else if (k == "--profile") a.profile = next();
+      if (k == "--models")
+        a.models = next();
+      else if (k == "--methods")
+        a.methods = next();
+      else if (k == "--precision")
+        a.precision = next();
+      else if (k == "--device")
+        a.device = next();
+      else if (k == "--json")
+        a.json_out = next();
+      else if (k == "--markdown")
+        a.markdown_out = next();
+      else if (k == "--steps")
+        a.steps = std::stoll(next());
+      else if (k == "--warmup")
+        a.warmup = std::stoll(next());
+      else if (k == "--batch")
+        a.batch = std::stoll(next());
+      else if (k == "--seq")
+        a.seq = std::stoll(next());
+      else if (k == "--layers")
+        a.layers = std::stoll(next());
+      else if (k == "--profile")
+        a.profile = next();
       else if (k == "--single") {
         a.single_model = next();
         a.single_method = next();
@@ -358,7 +404,8 @@ int main(int argc, char** argv) {
         EMOE_THROW(UsageError, "unknown argument '{}'", k);
       }
     }
-    EMOE_CHECK(a.steps >= 1 && a.warmup >= 0, UsageError, "--steps must be at least 1 and --warmup at least 0");
+    EMOE_CHECK(a.steps >= 1 && a.warmup >= 0, UsageError,
+               "--steps must be at least 1 and --warmup at least 0");
     EMOE_CHECK(a.precision == "fp32" || a.precision == "bf16" || a.precision == "both", UsageError,
                "--precision: expected fp32, bf16 or both, got '{}'", a.precision);
     if (!a.single_model.empty()) {

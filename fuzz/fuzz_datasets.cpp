@@ -24,12 +24,14 @@ struct Place {
   const char* file;  // relative to the data root
 };
 
-const Place kGlue[] = {
-    {"sst2", "dev", "glue/SST-2/dev.tsv"},          {"cola", "train", "glue/CoLA/train.tsv"},
-    {"cola", "test", "glue/CoLA/test.tsv"},         {"mnli", "dev", "glue/MNLI/dev_matched.tsv"},
-    {"mnli", "dev_textfooler", "glue/MNLI/textfooler_1k/mnli_matched.tsv"},
-    {"stsb", "dev", "glue/STS-B/dev.tsv"},          {"qqp", "train", "glue/QQP/train.tsv"},
-    {"mrpc", "test", "glue/MRPC/test.tsv"}};
+const Place kGlue[] = {{"sst2", "dev", "glue/SST-2/dev.tsv"},
+                       {"cola", "train", "glue/CoLA/train.tsv"},
+                       {"cola", "test", "glue/CoLA/test.tsv"},
+                       {"mnli", "dev", "glue/MNLI/dev_matched.tsv"},
+                       {"mnli", "dev_textfooler", "glue/MNLI/textfooler_1k/mnli_matched.tsv"},
+                       {"stsb", "dev", "glue/STS-B/dev.tsv"},
+                       {"qqp", "train", "glue/QQP/train.tsv"},
+                       {"mrpc", "test", "glue/MRPC/test.tsv"}};
 const Place kOod[] = {
     {"sst2", "imdb", "ood/glue_x_human_annotated/tsv_DERIVED/SA_12.7__imdb.tsv"},
     {"sst2", "flipkart", "ood/glue_x_human_annotated/tsv_DERIVED/sampled_flipkart__Sheet1.tsv"},

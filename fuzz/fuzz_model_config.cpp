@@ -36,7 +36,8 @@ double estimate(const emoe::JsonFields& cfg, const std::string& type) {
   if (type == "llama") {
     auto c = emoe::LlamaConfig::from_json(cfg);
     const double h = d(c.hidden_size);
-    return d(c.vocab_size) * h * 2 + d(c.num_hidden_layers) * (4 * h * h + 3 * h * d(c.intermediate_size));
+    return d(c.vocab_size) * h * 2 +
+           d(c.num_hidden_layers) * (4 * h * h + 3 * h * d(c.intermediate_size));
   }
   auto c = emoe::T5Config::from_json(cfg);
   const double h = d(c.d_model), inner = d(c.num_heads) * d(c.d_kv);

@@ -16,7 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       emoe_fuzz::put("moe.json", std::string(reinterpret_cast<const char*>(data), size));
   try {
     emoe::MoeState st = emoe::moe_state_from_json(emoe::JsonFields::from_file(path));
-    auto again = emoe::moe_state_from_json(emoe::JsonFields(emoe::moe_state_to_json(st), "written"));
+    auto again =
+        emoe::moe_state_from_json(emoe::JsonFields(emoe::moe_state_to_json(st), "written"));
     if (again.config.to_json() != st.config.to_json()) __builtin_trap();
     st.config.validate(12, 3072);
   } catch (const emoe::InputError&) {

@@ -2,8 +2,9 @@
 //   0: the rest is a tokenizer.model [, "\n\x01\n", tokenizer_config.json], loaded from a model
 //      folder with load_tokenizer (LlamaTokenizer through libsentencepiece and the shim);
 //   1: the rest describes a piece list (flags, special ids, then one piece per line: a type byte,
-//      a score byte, the piece), written with serialize_sentencepiece_model (sentencepiece_proto.cpp,
-//      as for GGUF vocabularies) and loaded with SpmModel::from_serialized.
+//      a score byte, the piece), written with serialize_sentencepiece_model
+//      (sentencepiece_proto.cpp, as for GGUF vocabularies) and loaded with
+//      SpmModel::from_serialized.
 // A model that loads then encodes and decodes a few hostile texts and out-of-range ids. Our
 // typed errors (InputError, RuntimeError) are the expected outcome of bad models; anything else
 // escaping, or a crash inside libsentencepiece, is a finding.
@@ -19,8 +20,12 @@
 
 namespace {
 
-const char* const kTexts[] = {"Hello, world! It's 2026.", "naïve café 東京 \xF0\x9F\x98\x80", " ", "",
-                              "<unk> <s> </s> <pad>  two  spaces\n\ttab", "\xC3\x28 broken utf-8 \xFF"};
+const char* const kTexts[] = {"Hello, world! It's 2026.",
+                              "naïve café 東京 \xF0\x9F\x98\x80",
+                              " ",
+                              "",
+                              "<unk> <s> </s> <pad>  two  spaces\n\ttab",
+                              "\xC3\x28 broken utf-8 \xFF"};
 
 void from_model_file(const std::string& rest) {
   auto parts = emoe_fuzz::split_parts(rest);

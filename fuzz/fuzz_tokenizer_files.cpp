@@ -19,8 +19,12 @@
 
 namespace {
 
-const char* const kTexts[] = {"Hello, world! It's 2026.", "naïve café 東京 \xF0\x9F\x98\x80", " ", "",
-                              "[CLS] <s> </s> <|endoftext|> [MASK]", "\xC3\x28 broken utf-8 \xFF"};
+const char* const kTexts[] = {"Hello, world! It's 2026.",
+                              "naïve café 東京 \xF0\x9F\x98\x80",
+                              " ",
+                              "",
+                              "[CLS] <s> </s> <|endoftext|> [MASK]",
+                              "\xC3\x28 broken utf-8 \xFF"};
 
 }  // namespace
 

@@ -13,7 +13,8 @@ struct AnalyzeArgs {
 };
 
 void run_analyze(const AnalyzeArgs& a) {
-  std::string out = a.out.empty() ? (std::filesystem::path(a.run_dir) / "analysis").string() : a.out;
+  std::string out =
+      a.out.empty() ? (std::filesystem::path(a.run_dir) / "analysis").string() : a.out;
   auto r = analyze_run(a.run_dir, out);
   std::cout << fmt::format("{}: {} figures and {}\n", out, r.figures.size(), r.summary);
   for (const auto& f : r.figures) std::cout << "  " << f << "\n";

@@ -15,8 +15,8 @@
 #include "emoe/core/runtime.h"
 #include "emoe/core/subprocess.h"
 #include "emoe/io/atomic_file.h"
-#include "emoe/train/method.h"
 #include "emoe/methods/model_folder.h"
+#include "emoe/train/method.h"
 #include "emoe/train/optim.h"
 
 namespace emoe::cli {
@@ -36,7 +36,8 @@ int64_t bench_default_experts(int64_t d_ff) {
 }
 
 // Every layer converted, so that the table shows the method's full effect.
-RunConfig bench_config(const BenchArgs& a, const std::string& method, int64_t d_ff, int64_t layers) {
+RunConfig bench_config(const BenchArgs& a, const std::string& method, int64_t d_ff,
+                       int64_t layers) {
   std::string m = method == "dense" ? "full" : method == "emoe-dispatched" ? "emoe" : method;
   std::vector<std::string> sets = {"model=" + a.model_dir, "task=sst2", "method=" + m};
   if (method != "dense" && method != "full") {
@@ -86,7 +87,9 @@ void bench_one(const BenchArgs& a) {
 
   torch::manual_seed(0);
   ModelInputs in;
-  in.input_ids = torch::randint(5, std::min<int64_t>(s.vocab_size, 1000), {a.batch, a.seq}, torch::kLong).to(rs.device);
+  in.input_ids =
+      torch::randint(5, std::min<int64_t>(s.vocab_size, 1000), {a.batch, a.seq}, torch::kLong)
+          .to(rs.device);
   in.attention_mask = torch::ones({a.batch, a.seq}, torch::kLong).to(rs.device);
   in.labels = torch::randint(0, 2, {a.batch}, torch::kLong).to(rs.device);
   TrainOptions to;
@@ -105,7 +108,8 @@ void bench_one(const BenchArgs& a) {
   train_step();  // warm-up
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < a.steps; ++i) train_step();
-  double train_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / a.steps;
+  double train_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / a.steps;
   model->eval();
   double infer_s = 0;
   {
@@ -113,7 +117,8 @@ void bench_one(const BenchArgs& a) {
     model->forward(in);
     t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < a.steps; ++i) (void)model->forward(in).logits.sum().item<double>();
-    infer_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / a.steps;
+    infer_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / a.steps;
   }
   const double tokens = static_cast<double>(a.batch * a.seq);
   nlohmann::json j = {{"method", a.single},
@@ -126,8 +131,11 @@ void bench_one(const BenchArgs& a) {
                       {"inference_ms", infer_s * 1e3},
                       {"inference_tokens_per_s", tokens / infer_s},
                       {"peak_rss_mb", bench_peak_rss_mb()}};
-  if (cost.moe) j["moe"] = {{"experts", cost.moe_config.experts}, {"topk", cost.moe_config.topk},
-                            {"layers", cost.moe_layers}, {"execution", to_string(cost.moe_config.execution)}};
+  if (cost.moe)
+    j["moe"] = {{"experts", cost.moe_config.experts},
+                {"topk", cost.moe_config.topk},
+                {"layers", cost.moe_layers},
+                {"execution", to_string(cost.moe_config.execution)}};
   std::cout << "BENCH " << j.dump() << std::endl;
 }
 
@@ -138,35 +146,45 @@ void run_bench(const BenchArgs& a) {
   for (std::string m; std::getline(ss, m, ',');)
     if (!m.empty()) methods.push_back(m);
   EMOE_CHECK(!methods.empty(), UsageError, "--methods: expected a list like dense,lora,emoe");
-  static const std::set<std::string> known = {"dense", "full", "lora", "ia3", "mov", "molora", "emoe",
-                                              "emoe-dispatched", "emoe+lora", "emoe-learn", "gmoe"};
+  static const std::set<std::string> known = {"dense",     "full",       "lora", "ia3",
+                                              "mov",       "molora",     "emoe", "emoe-dispatched",
+                                              "emoe+lora", "emoe-learn", "gmoe"};
   for (const auto& m : methods)
-    EMOE_CHECK(known.count(m), UsageError, "--methods: unknown method '{}' (known: {})", m, fmt::join(known, ", "));
+    EMOE_CHECK(known.count(m), UsageError, "--methods: unknown method '{}' (known: {})", m,
+               fmt::join(known, ", "));
   const std::string self = self_executable();
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& m : methods) {
-    std::string cmd = fmt::format("{} -q bench {} --single {} --batch {} --seq {} --steps {} --experts {} --topk {} --threads {} --device {} --dtype {}",
-                                  shell_quote(self), shell_quote(a.model_dir), shell_quote(m), a.batch, a.seq, a.steps,
-                                  a.experts, a.topk, a.run.threads, shell_quote(a.run.device), shell_quote(a.run.dtype));
+    std::string cmd = fmt::format(
+        "{} -q bench {} --single {} --batch {} --seq {} --steps {} --experts {} --topk {} "
+        "--threads {} --device {} --dtype {}",
+        shell_quote(self), shell_quote(a.model_dir), shell_quote(m), a.batch, a.seq, a.steps,
+        a.experts, a.topk, a.run.threads, shell_quote(a.run.device), shell_quote(a.run.dtype));
     rows.push_back(run_and_read_json_line(cmd, "BENCH ", "bench: measuring " + m));
     spdlog::info("bench: {} done", m);
   }
   double dense_train = 0;
   for (const auto& r : rows)
-    if (r["method"] == "dense" || r["method"] == "full") dense_train = r["train_step_ms"].get<double>();
-  std::cout << fmt::format("{}: batch {} x {} tokens, {} timed steps\n\n", a.model_dir, a.batch, a.seq, a.steps)
-            << "| method | parameters | trainable | trainable % | fwd GMACs/token | train GMACs/token | train step (ms) | vs dense | train tokens/s | inference (ms) | inference tokens/s | peak RSS (MB) |\n"
+    if (r["method"] == "dense" || r["method"] == "full")
+      dense_train = r["train_step_ms"].get<double>();
+  std::cout << fmt::format("{}: batch {} x {} tokens, {} timed steps\n\n", a.model_dir, a.batch,
+                           a.seq, a.steps)
+            << "| method | parameters | trainable | trainable % | fwd GMACs/token | train "
+               "GMACs/token | train step (ms) | vs dense | train tokens/s | inference (ms) | "
+               "inference tokens/s | peak RSS (MB) |\n"
                "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : rows) {
     double step = r["train_step_ms"].get<double>();
-    std::cout << fmt::format("| {} | {} | {} | {:.3f} | {:.4g} | {:.4g} | {:.1f} | {} | {:.0f} | {:.1f} | {:.0f} | {:.0f} |\n",
-                             r["method"].get<std::string>(), r["parameters"].get<int64_t>(),
-                             r["trainable"].get<int64_t>(),
-                             100.0 * r["trainable"].get<double>() / r["parameters"].get<double>(),
-                             r["forward_gmacs_per_token"].get<double>(), r["train_gmacs_per_token"].get<double>(),
-                             step, dense_train > 0 ? fmt::format("{:.2f}", step / dense_train) : "-",
-                             r["train_tokens_per_s"].get<double>(), r["inference_ms"].get<double>(),
-                             r["inference_tokens_per_s"].get<double>(), r["peak_rss_mb"].get<double>());
+    std::cout << fmt::format(
+        "| {} | {} | {} | {:.3f} | {:.4g} | {:.4g} | {:.1f} | {} | {:.0f} | {:.1f} | {:.0f} | "
+        "{:.0f} |\n",
+        r["method"].get<std::string>(), r["parameters"].get<int64_t>(),
+        r["trainable"].get<int64_t>(),
+        100.0 * r["trainable"].get<double>() / r["parameters"].get<double>(),
+        r["forward_gmacs_per_token"].get<double>(), r["train_gmacs_per_token"].get<double>(), step,
+        dense_train > 0 ? fmt::format("{:.2f}", step / dense_train) : "-",
+        r["train_tokens_per_s"].get<double>(), r["inference_ms"].get<double>(),
+        r["inference_tokens_per_s"].get<double>(), r["peak_rss_mb"].get<double>());
   }
   if (!a.json_out.empty()) write_text_atomic(a.json_out, rows.dump(1) + "\n");
 }
@@ -175,13 +193,18 @@ void run_bench(const BenchArgs& a) {
 
 void register_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
-  auto* cmd = app.add_subcommand("bench", "Efficiency table: parameters, FLOPs, time and memory per method");
+  auto* cmd = app.add_subcommand("bench",
+                                 "Efficiency table: parameters, FLOPs, time and memory per method");
   cmd->add_option("MODEL_DIR", a->model_dir, "Model folder")->required();
-  cmd->add_option("--methods", a->methods, "Comma-separated: dense, lora, ia3, mov, molora, emoe, emoe-dispatched, emoe+lora, emoe-learn, gmoe")->capture_default_str();
+  cmd->add_option("--methods", a->methods,
+                  "Comma-separated: dense, lora, ia3, mov, molora, emoe, emoe-dispatched, "
+                  "emoe+lora, emoe-learn, gmoe")
+      ->capture_default_str();
   cmd->add_option("--batch", a->batch, "Sequences per batch")->capture_default_str();
   cmd->add_option("--seq", a->seq, "Tokens per sequence")->capture_default_str();
   cmd->add_option("--steps", a->steps, "Timed steps (after one warm-up)")->capture_default_str();
-  cmd->add_option("--experts", a->experts, "MoE experts (default: the largest divisor of d_ff <= 16; GMoE 4)");
+  cmd->add_option("--experts", a->experts,
+                  "MoE experts (default: the largest divisor of d_ff <= 16; GMoE 4)");
   cmd->add_option("--topk", a->topk, "MoE k (default: N/4; GMoE 2)");
   cmd->add_option("--json", a->json_out, "Also write the rows as JSON to this file");
   cmd->add_option("--single", a->single, "Measure one method in this process (used internally)");

@@ -4,15 +4,16 @@
 
 #include "commands.h"
 #include "emoe/core/error.h"
-#include "emoe/moe/convert.h"
 #include "emoe/methods/model_folder.h"
+#include "emoe/moe/convert.h"
 #include "sample_text.h"
 
 namespace emoe::cli {
 namespace {
 
 struct ConvertArgs {
-  std::string model_dir, out, method = "emoe", layers, split = "balanced-kmeans", gate, gate_init = "avgk";
+  std::string model_dir, out, method = "emoe", layers, split = "balanced-kmeans", gate,
+                              gate_init = "avgk";
   std::string execution, balance, sample;
   int64_t experts = 0, topk = 0, restarts = 10, max_iter = 1000, sample_tokens = 4096;
   uint64_t seed = 0;
@@ -29,14 +30,15 @@ void run_convert(const ConvertArgs& a) {
   lo.device = rs.device;
   MoeState existing;
   auto model = load_any_model(a.model_dir, lo, &existing);
-  EMOE_CHECK(existing.empty(), UsageError,
-             "{}: already converted ({}); export it to dense first", a.model_dir,
-             to_string(existing.config.method));
+  EMOE_CHECK(existing.empty(), UsageError, "{}: already converted ({}); export it to dense first",
+             a.model_dir, to_string(existing.config.method));
   const auto& s = model->summary();
   MoeConfig cfg = MoeConfig::for_method(parse_moe_method(a.method));
   if (a.experts) cfg.experts = a.experts;
-  if (a.topk) cfg.topk = a.topk;
-  else if (a.experts && cfg.method != MoeMethod::kGmoe) cfg.topk = std::max<int64_t>(1, cfg.experts / 4);
+  if (a.topk)
+    cfg.topk = a.topk;
+  else if (a.experts && cfg.method != MoeMethod::kGmoe)
+    cfg.topk = std::max<int64_t>(1, cfg.experts / 4);
   cfg.layers = parse_layer_list(a.layers, s.ffn_layers());
   cfg.split = a.split;
   cfg.seed = a.seed;
@@ -50,14 +52,16 @@ void run_convert(const ConvertArgs& a) {
   cfg.sample_tokens = a.sample_tokens;
   cfg.validate(s.ffn_layers(), s.intermediate_size);
   std::vector<ModelInputs> sample;
-  if (!a.sample.empty()) sample = read_sample_batches(a.sample, a.model_dir, cfg.sample_tokens, 128);
+  if (!a.sample.empty())
+    sample = read_sample_batches(a.sample, a.model_dir, cfg.sample_tokens, 128);
 
   auto state = convert_to_moe(*model, cfg, sample);
   state.source = a.model_dir;
   save_moe_model(*model, state, a.out, a.model_dir);
 
   std::cout << fmt::format("{} -> {}: {} with N = {}, k = {} on layers {}\n", a.model_dir, a.out,
-                           to_string(cfg.method), cfg.experts, cfg.topk, fmt::join(cfg.layers, ","));
+                           to_string(cfg.method), cfg.experts, cfg.topk,
+                           fmt::join(cfg.layers, ","));
   std::cout << "| layer | split | experts x size | inertia | random-split inertia | time (s) |\n"
                "|---|---|---|---|---|---|\n";
   for (const auto& [l, r] : state.splits) {
@@ -80,24 +84,36 @@ void run_convert(const ConvertArgs& a) {
 
 void register_convert(CLI::App& app) {
   auto a = std::make_shared<ConvertArgs>();
-  auto* cmd = app.add_subcommand("convert", "Turn a dense model's FFN layers into a Mixture-of-Experts");
+  auto* cmd =
+      app.add_subcommand("convert", "Turn a dense model's FFN layers into a Mixture-of-Experts");
   cmd->add_option("MODEL_DIR", a->model_dir, "Dense model folder")->required();
-  cmd->add_option("-o,--output", a->out, "Output folder (config, safetensors, moe.json, tokenizer)")->required();
-  cmd->add_option("--method", a->method, "emoe, emoe-learn, gmoe or moefication")->capture_default_str();
-  cmd->add_option("--experts,-N", a->experts, "Experts per layer (default: 64; GMoE 8)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--topk,-k", a->topk, "Experts per token (default: N/4; GMoE 2)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--layers", a->layers, "Layers, e.g. 8,10 or 8-11 or all (default: every other of the last four)");
-  cmd->add_option("--split", a->split, "balanced-kmeans, random, contiguous or coactivation")->capture_default_str();
+  cmd->add_option("-o,--output", a->out, "Output folder (config, safetensors, moe.json, tokenizer)")
+      ->required();
+  cmd->add_option("--method", a->method, "emoe, emoe-learn, gmoe or moefication")
+      ->capture_default_str();
+  cmd->add_option("--experts,-N", a->experts, "Experts per layer (default: 64; GMoE 8)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--topk,-k", a->topk, "Experts per token (default: N/4; GMoE 2)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--layers", a->layers,
+                  "Layers, e.g. 8,10 or 8-11 or all (default: every other of the last four)");
+  cmd->add_option("--split", a->split, "balanced-kmeans, random, contiguous or coactivation")
+      ->capture_default_str();
   cmd->add_option("--seed", a->seed, "Seed of the split")->capture_default_str();
   cmd->add_option("--restarts", a->restarts, "Balanced k-means restarts")->capture_default_str();
-  cmd->add_option("--max-iter", a->max_iter, "Balanced k-means iterations per restart")->capture_default_str();
+  cmd->add_option("--max-iter", a->max_iter, "Balanced k-means iterations per restart")
+      ->capture_default_str();
   cmd->add_option("--gate", a->gate, "avgk (emoe), linear or cosine (emoe-learn, gmoe)");
-  cmd->add_option("--gate-init", a->gate_init, "Learned linear gate init: avgk or random")->capture_default_str();
+  cmd->add_option("--gate-init", a->gate_init, "Learned linear gate init: avgk or random")
+      ->capture_default_str();
   cmd->add_option("--execution", a->execution, "masked or dispatched");
   cmd->add_option("--balance-loss", a->balance, "none, importance-load, switch or zloss");
-  cmd->add_flag("--tutel", a->tutel, "The authors' tutel-based settings (noise, capacity 1.5, aux loss, dropout)");
-  cmd->add_option("--sample", a->sample, "Text file for the coactivation split / MoEfication router");
-  cmd->add_option("--sample-tokens", a->sample_tokens, "Tokens of sample text to use")->capture_default_str();
+  cmd->add_flag("--tutel", a->tutel,
+                "The authors' tutel-based settings (noise, capacity 1.5, aux loss, dropout)");
+  cmd->add_option("--sample", a->sample,
+                  "Text file for the coactivation split / MoEfication router");
+  cmd->add_option("--sample-tokens", a->sample_tokens, "Tokens of sample text to use")
+      ->capture_default_str();
   add_run_flags(cmd, a->run);
   cmd->callback([a] { run_convert(*a); });
 }

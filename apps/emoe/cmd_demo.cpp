@@ -31,17 +31,26 @@ void run_demo_cmd(DemoArgs& a) {
 void register_demo(CLI::App& app) {
   auto a = std::make_shared<DemoArgs>();
   a->o.data_dir = "../shared/data";
-  auto* cmd = app.add_subcommand(
-      "demo", "Pretrain a small BERT on made-up reviews, fine-tune dense, LoRA and EMoE, compare in and out of domain");
-  cmd->add_option("-o,--output", a->o.output, "Output folder (table, report, figures, runs)")->capture_default_str();
-  cmd->add_option("--methods", a->o.methods, "Comma-separated methods to compare (default full,lora,emoe)")->delimiter(',');
-  cmd->add_option("--seed", a->o.seed, "Seed of the data, pretraining and fine-tuning")->capture_default_str();
+  auto* cmd = app.add_subcommand("demo",
+                                 "Pretrain a small BERT on made-up reviews, fine-tune dense, LoRA "
+                                 "and EMoE, compare in and out of domain");
+  cmd->add_option("-o,--output", a->o.output, "Output folder (table, report, figures, runs)")
+      ->capture_default_str();
+  cmd->add_option("--methods", a->o.methods,
+                  "Comma-separated methods to compare (default full,lora,emoe)")
+      ->delimiter(',');
+  cmd->add_option("--seed", a->o.seed, "Seed of the data, pretraining and fine-tuning")
+      ->capture_default_str();
   cmd->add_flag("--quick", a->o.quick, "A much smaller configuration (seconds; for tests)");
-  cmd->add_option("--model", a->o.model, "Your Hugging Face model folder instead of the built-in one");
+  cmd->add_option("--model", a->o.model,
+                  "Your Hugging Face model folder instead of the built-in one");
   cmd->add_option("--task", a->o.task, "GLUE task for --model (e.g. sst2)");
-  cmd->add_option("--data", a->o.data_dir, "Data folder for --task (GLUE layout)")->capture_default_str();
-  cmd->add_option("--max-train-examples", a->o.max_train_examples, "Training subset for --task")->capture_default_str();
-  cmd->add_option("--pretrain-steps", a->o.pretrain_steps, "Masked-LM steps of the built-in model (default 600)");
+  cmd->add_option("--data", a->o.data_dir, "Data folder for --task (GLUE layout)")
+      ->capture_default_str();
+  cmd->add_option("--max-train-examples", a->o.max_train_examples, "Training subset for --task")
+      ->capture_default_str();
+  cmd->add_option("--pretrain-steps", a->o.pretrain_steps,
+                  "Masked-LM steps of the built-in model (default 600)");
   add_run_flags(cmd, a->run);
   cmd->callback([a] { run_demo_cmd(*a); });
 }

@@ -7,8 +7,8 @@
 #include "emoe/data/batching.h"
 #include "emoe/data/dataset.h"
 #include "emoe/eval/evaluate.h"
-#include "emoe/models/routed.h"
 #include "emoe/methods/model_folder.h"
+#include "emoe/models/routed.h"
 
 namespace emoe::cli {
 namespace {
@@ -33,7 +33,8 @@ void run_eval(const EvalArgs& a) {
   if (a.dense) set_routed_dense_override(*model, true);
   auto tok = load_tokenizer(a.model_dir);
   const auto& s = model->summary();
-  const int64_t pad = tok->special().pad.value_or(s.pad_token_id.value_or(s.eos_token_id.value_or(0)));
+  const int64_t pad =
+      tok->special().pad.value_or(s.pad_token_id.value_or(s.eos_token_id.value_or(0)));
   std::vector<std::pair<std::string, Dataset>> sets;
   sets.emplace_back(a.split, load_glue(a.task, a.split, a.data_dir));
   auto ood = a.ood;
@@ -41,7 +42,8 @@ void run_eval(const EvalArgs& a) {
   for (const auto& name : ood) sets.emplace_back(name, load_ood(a.task, name, a.data_dir));
   nlohmann::json out = nlohmann::json::object();
   if (!a.json) {
-    std::cout << "| set | examples | " << fmt::format("{}", fmt::join(task.metrics, " | ")) << " |\n|---|---|";
+    std::cout << "| set | examples | " << fmt::format("{}", fmt::join(task.metrics, " | "))
+              << " |\n|---|---|";
     for (size_t i = 0; i < task.metrics.size(); ++i) std::cout << "---|";
     std::cout << "\n";
   }
@@ -63,16 +65,21 @@ void run_eval(const EvalArgs& a) {
 
 void register_eval(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
-  auto* cmd = app.add_subcommand("eval", "Evaluate a sequence classifier on a task and out-of-domain sets");
+  auto* cmd =
+      app.add_subcommand("eval", "Evaluate a sequence classifier on a task and out-of-domain sets");
   cmd->add_option("MODEL_DIR", a->model_dir, "Model folder (e.g. a run's model/)")->required();
-  cmd->add_option("--task", a->task, "GLUE task: cola, sst2, mrpc, qqp, stsb, mnli, mnli-mm, qnli, rte, wnli")->required();
+  cmd->add_option("--task", a->task,
+                  "GLUE task: cola, sst2, mrpc, qqp, stsb, mnli, mnli-mm, qnli, rte, wnli")
+      ->required();
   cmd->add_option("--split", a->split, "Split of the task")->capture_default_str();
   cmd->add_option("--ood", a->ood, "Out-of-domain sets (or 'all')");
   cmd->add_option("--data-dir", a->data_dir, "Folder with glue/ and ood/")->capture_default_str();
   cmd->add_option("--max-examples", a->max_examples, "Evaluate at most N examples per set");
   cmd->add_option("--batch-size", a->batch_size, "Batch size")->capture_default_str();
-  cmd->add_option("--max-length", a->max_length, "Truncate inputs to N tokens")->capture_default_str();
-  cmd->add_flag("--dense", a->dense, "Run a converted model's FFNs dense (the MoE -> dense ablation)");
+  cmd->add_option("--max-length", a->max_length, "Truncate inputs to N tokens")
+      ->capture_default_str();
+  cmd->add_flag("--dense", a->dense,
+                "Run a converted model's FFNs dense (the MoE -> dense ablation)");
   cmd->add_flag("--json", a->json, "Print JSON");
   add_run_flags(cmd, a->run);
   cmd->callback([a] { run_eval(*a); });

@@ -3,8 +3,8 @@
 
 #include "commands.h"
 #include "emoe/core/error.h"
-#include "emoe/moe/convert.h"
 #include "emoe/methods/model_folder.h"
+#include "emoe/moe/convert.h"
 
 namespace emoe::cli {
 namespace {
@@ -15,7 +15,8 @@ struct ExportArgs {
 };
 
 void run_export(const ExportArgs& a) {
-  EMOE_CHECK(a.dense, UsageError, "export: pass --dense (recomposition to the original architecture)");
+  EMOE_CHECK(a.dense, UsageError,
+             "export: pass --dense (recomposition to the original architecture)");
   MoeState state;
   PeftConfig peft;
   auto model = load_any_model(a.moe_dir, {}, &state, &peft);
@@ -24,7 +25,8 @@ void run_export(const ExportArgs& a) {
   std::vector<std::string> done;
   if (!state.empty()) {
     done.push_back(fmt::format("layers {} recomposed from {} (neurons in original order)",
-                               fmt::join(state.config.layers, ","), to_string(state.config.method)));
+                               fmt::join(state.config.layers, ","),
+                               to_string(state.config.method)));
     recompose_dense(*model, state);
   }
   if (peft.method == PeftMethod::kLora) {
@@ -34,7 +36,8 @@ void run_export(const ExportArgs& a) {
   }
   save_any_model(*model, state, peft, a.out, a.moe_dir);
   if (peft.method != PeftMethod::kNone)
-    done.push_back(fmt::format("{} adapters kept (peft.json): they have no dense form", to_string(peft.method)));
+    done.push_back(fmt::format("{} adapters kept (peft.json): they have no dense form",
+                               to_string(peft.method)));
   std::cout << fmt::format("{} -> {}: {}; {}\n", a.moe_dir, a.out,
                            model->config_json()["architectures"][0].get<std::string>(),
                            fmt::join(done, "; "));
@@ -44,7 +47,8 @@ void run_export(const ExportArgs& a) {
 
 void register_export(CLI::App& app) {
   auto a = std::make_shared<ExportArgs>();
-  auto* cmd = app.add_subcommand("export", "Export a converted model as a standard dense Hugging Face checkpoint");
+  auto* cmd = app.add_subcommand(
+      "export", "Export a converted model as a standard dense Hugging Face checkpoint");
   cmd->add_option("MOE_DIR", a->moe_dir, "Converted model folder (with moe.json)")->required();
   cmd->add_flag("--dense", a->dense, "Recompose into the original dense architecture")->required();
   cmd->add_option("-o,--output", a->out, "Output folder")->required();

@@ -4,8 +4,8 @@
 #include "commands.h"
 #include "emoe/core/error.h"
 #include "emoe/io/safetensors.h"
-#include "emoe/moe/convert.h"
 #include "emoe/methods/model_folder.h"
+#include "emoe/moe/convert.h"
 
 namespace emoe::cli {
 namespace {
@@ -26,8 +26,8 @@ void run_forward(const ForwardArgs& a) {
     EMOE_CHECK(!at::isFloatingType(t.scalar_type()) && t.scalar_type() != torch::kBool, InputError,
                "{}: tensor '{}': expected an integer dtype, got {}", a.input, name,
                in_file.entry(name).dtype);
-    EMOE_CHECK(t.dim() == 2, InputError, "{}: tensor '{}': expected shape [batch, seq], got {} dims",
-               a.input, name, t.dim());
+    EMOE_CHECK(t.dim() == 2, InputError,
+               "{}: tensor '{}': expected shape [batch, seq], got {} dims", a.input, name, t.dim());
     return t.to(torch::kLong);
   };
   ModelInputs in;
@@ -39,8 +39,10 @@ void run_forward(const ForwardArgs& a) {
   // encoder-decoder models (T5): the decoder's tokens (default: labels shifted right)
   in.decoder_input_ids = load_ids("decoder_input_ids");
   in.decoder_attention_mask = load_ids("decoder_attention_mask");
-  for (const auto& [name, t] : {std::pair<const char*, torch::Tensor>{"attention_mask", in.attention_mask},
-                                {"token_type_ids", in.token_type_ids}, {"position_ids", in.position_ids}}) {
+  for (const auto& [name, t] :
+       {std::pair<const char*, torch::Tensor>{"attention_mask", in.attention_mask},
+        {"token_type_ids", in.token_type_ids},
+        {"position_ids", in.position_ids}}) {
     if (t.defined())
       EMOE_CHECK(t.sizes() == in.input_ids.sizes(), InputError,
                  "{}: tensor '{}': shape [{}] differs from input_ids [{}]", a.input, name,
@@ -49,7 +51,8 @@ void run_forward(const ForwardArgs& a) {
   if (in.decoder_attention_mask.defined())
     EMOE_CHECK(in.decoder_input_ids.defined() &&
                    in.decoder_attention_mask.sizes() == in.decoder_input_ids.sizes(),
-               InputError, "{}: tensor 'decoder_attention_mask' needs 'decoder_input_ids' of the same shape",
+               InputError,
+               "{}: tensor 'decoder_attention_mask' needs 'decoder_input_ids' of the same shape",
                a.input);
   EMOE_CHECK(in.input_ids.numel() > 0, InputError, "{}: tensor 'input_ids' is empty", a.input);
   in.output_hidden_states = !a.no_hidden_states;
@@ -70,15 +73,18 @@ void run_forward(const ForwardArgs& a) {
              "{}: tensor 'decoder_input_ids' is for encoder-decoder models; this is a {} model",
              a.input, s.model_type);
   if (seq2seq) {
-    EMOE_CHECK(in.decoder_input_ids.defined() || (in.labels.defined() && s.head == Head::kSeq2SeqLM),
-               InputError, "{}: a {} {} model needs tensor 'decoder_input_ids'{}", a.input,
-               s.model_type, head_name(s.head),
-               s.head == Head::kSeq2SeqLM ? " (or 'labels', shifted right to make them)" : "");
+    EMOE_CHECK(
+        in.decoder_input_ids.defined() || (in.labels.defined() && s.head == Head::kSeq2SeqLM),
+        InputError, "{}: a {} {} model needs tensor 'decoder_input_ids'{}", a.input, s.model_type,
+        head_name(s.head),
+        s.head == Head::kSeq2SeqLM ? " (or 'labels', shifted right to make them)" : "");
     if (in.decoder_input_ids.defined()) {
-      EMOE_CHECK(in.decoder_input_ids.size(0) == in.input_ids.size(0) && in.decoder_input_ids.numel() > 0,
-                 InputError, "{}: tensor 'decoder_input_ids': expected a non-empty [{}, seq], got [{}]",
-                 a.input, in.input_ids.size(0), fmt::join(in.decoder_input_ids.sizes(), ", "));
-      auto dlo = in.decoder_input_ids.min().item<int64_t>(), dhi = in.decoder_input_ids.max().item<int64_t>();
+      EMOE_CHECK(
+          in.decoder_input_ids.size(0) == in.input_ids.size(0) && in.decoder_input_ids.numel() > 0,
+          InputError, "{}: tensor 'decoder_input_ids': expected a non-empty [{}, seq], got [{}]",
+          a.input, in.input_ids.size(0), fmt::join(in.decoder_input_ids.sizes(), ", "));
+      auto dlo = in.decoder_input_ids.min().item<int64_t>(),
+           dhi = in.decoder_input_ids.max().item<int64_t>();
       EMOE_CHECK(dlo >= 0 && dhi < s.vocab_size, InputError,
                  "{}: tensor 'decoder_input_ids': ids must lie in [0, {}), found {}..{}", a.input,
                  s.vocab_size, dlo, dhi);
@@ -104,7 +110,8 @@ void run_forward(const ForwardArgs& a) {
   const std::string prefix = seq2seq ? "decoder_" : "";
   if (!out.hidden_states.empty())
     tensors.emplace_back(prefix + "hidden_states", f32(torch::stack(out.hidden_states)));
-  if (!out.attentions.empty()) tensors.emplace_back(prefix + "attentions", f32(torch::stack(out.attentions)));
+  if (!out.attentions.empty())
+    tensors.emplace_back(prefix + "attentions", f32(torch::stack(out.attentions)));
   if (!out.encoder_hidden_states.empty())
     tensors.emplace_back("encoder_hidden_states", f32(torch::stack(out.encoder_hidden_states)));
   if (!out.encoder_attentions.empty())
@@ -122,9 +129,10 @@ void register_forward(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "forward", "Run a model on tensors from a safetensors file and write its outputs");
   cmd->add_option("MODEL_DIR", a->model_dir, "Model folder")->required();
-  cmd->add_option("--input,-i", a->input,
-                  "safetensors with input_ids [and attention_mask, token_type_ids, position_ids, labels; "
-                  "T5: decoder_input_ids, decoder_attention_mask]")
+  cmd->add_option(
+         "--input,-i", a->input,
+         "safetensors with input_ids [and attention_mask, token_type_ids, position_ids, labels; "
+         "T5: decoder_input_ids, decoder_attention_mask]")
       ->required();
   cmd->add_option("--output,-o", a->output, "Where to write logits / hidden states")->required();
   cmd->add_option("--head", a->head, "Override the head: base, seqcls, mlm, lm, seq2seq-lm");

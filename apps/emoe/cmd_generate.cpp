@@ -7,9 +7,9 @@
 #include "commands.h"
 #include "emoe/core/error.h"
 #include "emoe/io/hf_config.h"
+#include "emoe/methods/model_folder.h"
 #include "emoe/models/generate.h"
 #include "emoe/moe/convert.h"
-#include "emoe/methods/model_folder.h"
 #include "emoe/tokenizer/tokenizer.h"
 
 namespace emoe::cli {
@@ -114,26 +114,31 @@ void run_generate(const GenerateArgs& a) {
     std::cout << final_text.substr(shown.size());
   std::cout << "\n" << std::flush;
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  spdlog::info("{} tokens in {:.2f} s ({:.1f} tokens/s)", produced, secs, produced / std::max(secs, 1e-9));
+  spdlog::info("{} tokens in {:.2f} s ({:.1f} tokens/s)", produced, secs,
+               produced / std::max(secs, 1e-9));
 }
 
 }  // namespace
 
 void register_generate(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
-  auto* cmd = app.add_subcommand("generate", "Generate text with a language model (GPT-2, Llama, T5)");
+  auto* cmd =
+      app.add_subcommand("generate", "Generate text with a language model (GPT-2, Llama, T5)");
   cmd->add_option("MODEL_DIR", a->model_dir, "Model folder")->required();
   cmd->add_option("--prompt", a->prompt, "Prompt text (default: start from BOS; T5: required)");
-  cmd->add_option("--max-new-tokens,-n", a->max_new_tokens, "Tokens to generate")->capture_default_str();
+  cmd->add_option("--max-new-tokens,-n", a->max_new_tokens, "Tokens to generate")
+      ->capture_default_str();
   cmd->add_option("--temperature,-t", a->temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--top-p", a->top_p, "Nucleus sampling mass")->capture_default_str();
-  cmd->add_option("--top-k", a->top_k, "Sample from the k best tokens (0 = off)")->capture_default_str();
+  cmd->add_option("--top-k", a->top_k, "Sample from the k best tokens (0 = off)")
+      ->capture_default_str();
   cmd->add_option("--num-beams", a->num_beams,
                   "Beam search with N beams (T5; default: generation_config.json, else 1)");
   cmd->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at the end-of-sequence token");
-  cmd->add_flag("--show-special", a->show_special,
-                "Print special tokens (e.g. T5's <extra_id_N> sentinels, </s>) instead of skipping them");
+  cmd->add_flag(
+      "--show-special", a->show_special,
+      "Print special tokens (e.g. T5's <extra_id_N> sentinels, </s>) instead of skipping them");
   cmd->add_flag("--no-cache", a->no_cache, "Recompute the whole prefix at every step");
   add_run_flags(cmd, a->run);
   cmd->callback([a] { run_generate(*a); });

@@ -7,8 +7,8 @@
 #include "commands.h"
 #include "emoe/core/error.h"
 #include "emoe/io/safetensors.h"
-#include "emoe/moe/convert.h"
 #include "emoe/methods/model_folder.h"
+#include "emoe/moe/convert.h"
 #include "emoe/tokenizer/tokenizer.h"
 
 namespace emoe::cli {
@@ -51,11 +51,16 @@ void run_info(const InfoArgs& a) {
     const auto& k = p.key();
     int64_t n = p.value().numel();
     total += n;
-    if (model->is_head_key(k)) head_params += n;
-    else if (ffn_ptrs.count(p.value().data_ptr())) ffn += n;
-    else if (p.value().data_ptr() == embedding || has(k, {"embed", "wte", "wpe"})) embed += n;
-    else if (has(k, {"norm", "LayerNorm", "ln_"})) norm += n;
-    else attn += n;
+    if (model->is_head_key(k))
+      head_params += n;
+    else if (ffn_ptrs.count(p.value().data_ptr()))
+      ffn += n;
+    else if (p.value().data_ptr() == embedding || has(k, {"embed", "wte", "wpe"}))
+      embed += n;
+    else if (has(k, {"norm", "LayerNorm", "ln_"}))
+      norm += n;
+    else
+      attn += n;
   }
   std::string disk_dtype = ckpt.names().empty() ? "?" : ckpt.entry(ckpt.names()[0]).dtype;
   std::string tok_kind = "none", tok_error;
@@ -84,8 +89,8 @@ void run_info(const InfoArgs& a) {
   j["vocab_size"] = s.vocab_size;
   j["max_positions"] = s.max_positions;
   if (s.num_labels) j["num_labels"] = s.num_labels;
-  j["parameters"] = {{"total", total}, {"embeddings", embed}, {"attention", attn}, {"ffn", ffn},
-                     {"norms_and_other", norm}, {"head", head_params}};
+  j["parameters"] = {{"total", total}, {"embeddings", embed},     {"attention", attn},
+                     {"ffn", ffn},     {"norms_and_other", norm}, {"head", head_params}};
   j["weights"] = {{"file", ckpt.source()}, {"dtype", disk_dtype}, {"tensors", ckpt.names().size()}};
   j["tokenizer"] = {{"kind", tok_kind}, {"vocab_size", tok_vocab}};
   if (!tok_error.empty()) j["tokenizer"]["error"] = tok_error;
@@ -104,18 +109,21 @@ void run_info(const InfoArgs& a) {
             << fmt::format("architecture {} ({}, head: {})\n", j["architecture"].get<std::string>(),
                            s.model_type, head_name(s.head))
             << fmt::format("layers       {}   hidden {}   heads {} (kv {})\n",
-                           s.encoder_decoder() ? fmt::format("{} encoder + {} decoder (FFN slots 0..{})",
-                                                             s.num_layers, s.num_decoder_layers, s.ffn_layers() - 1)
-                                               : std::to_string(s.num_layers),
+                           s.encoder_decoder()
+                               ? fmt::format("{} encoder + {} decoder (FFN slots 0..{})",
+                                             s.num_layers, s.num_decoder_layers, s.ffn_layers() - 1)
+                               : std::to_string(s.num_layers),
                            s.hidden_size, s.num_heads, s.num_kv_heads)
             << fmt::format("ffn          {} x {} ({}{})   valid expert counts N: {}\n",
                            s.hidden_size, s.intermediate_size, s.activation,
                            j["ffn_gated"].get<bool>() ? ", gated" : "",
                            fmt::join(divisors(s.intermediate_size), " "))
             << fmt::format("vocab        {}   max positions {}\n", s.vocab_size, s.max_positions)
-            << fmt::format("parameters   {} total: embeddings {}, attention {}, ffn {}, norms/other {}, head {}\n",
-                           human(total), human(embed), human(attn), human(ffn), human(norm),
-                           human(head_params))
+            << fmt::format(
+                   "parameters   {} total: embeddings {}, attention {}, ffn {}, norms/other {}, "
+                   "head {}\n",
+                   human(total), human(embed), human(attn), human(ffn), human(norm),
+                   human(head_params))
             << fmt::format("weights      {} ({} tensors, {})\n", ckpt.source(), ckpt.names().size(),
                            disk_dtype)
             << fmt::format("tokenizer    {}{}\n", tok_kind,
@@ -132,7 +140,8 @@ void run_info(const InfoArgs& a) {
 void register_info(CLI::App& app) {
   auto args = std::make_shared<InfoArgs>();
   auto* cmd = app.add_subcommand("info", "Describe a Hugging Face model folder");
-  cmd->add_option("MODEL_DIR", args->model_dir, "Model folder (config.json + safetensors)")->required();
+  cmd->add_option("MODEL_DIR", args->model_dir, "Model folder (config.json + safetensors)")
+      ->required();
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
   cmd->callback([args] { run_info(*args); });
 }

@@ -24,19 +24,22 @@ void run_pretrain_cmd(const PretrainArgs& a) {
   if (a.threads >= 0) sets.push_back("threads=" + std::to_string(a.threads));
   auto cfg = load_pretrain_config(a.config, sets);
   auto r = run_pretraining(cfg);
-  std::cout << fmt::format("{}: {} ({} parameters, vocabulary {}), {} steps in {:.1f} s, loss {:.3f} -> {:.3f}\n",
-                           r.dir, cfg.arch, r.parameters, r.vocab_size, r.steps, r.seconds, r.first_loss,
-                           r.final_loss);
+  std::cout << fmt::format(
+      "{}: {} ({} parameters, vocabulary {}), {} steps in {:.1f} s, loss {:.3f} -> {:.3f}\n", r.dir,
+      cfg.arch, r.parameters, r.vocab_size, r.steps, r.seconds, r.first_loss, r.final_loss);
 }
 
 }  // namespace
 
 void register_pretrain(CLI::App& app) {
   auto a = std::make_shared<PretrainArgs>();
-  auto* cmd = app.add_subcommand("pretrain", "Pretrain a fresh BERT (masked LM), GPT-2 or Llama (causal LM) on a text file");
-  cmd->add_option("--config,-c", a->config, "YAML pretraining config (see configs/pretrain-*.yaml)");
+  auto* cmd = app.add_subcommand(
+      "pretrain", "Pretrain a fresh BERT (masked LM), GPT-2 or Llama (causal LM) on a text file");
+  cmd->add_option("--config,-c", a->config,
+                  "YAML pretraining config (see configs/pretrain-*.yaml)");
   cmd->add_option("--set", a->sets, "Override a config key, e.g. --set steps=2000 (repeatable)");
-  cmd->add_option("--corpus", a->corpus, "Text file, one document per line (same as --set corpus=FILE)");
+  cmd->add_option("--corpus", a->corpus,
+                  "Text file, one document per line (same as --set corpus=FILE)");
   cmd->add_option("-o,--output", a->output, "Output model folder (same as --set output=DIR)");
   cmd->add_option("--threads", a->threads, "Intra-op threads (default: one per core)");
   cmd->add_option("--device", a->device, "cpu, cuda or cuda:N (default: the config's, cpu)");

@@ -5,12 +5,12 @@
 #include <sstream>
 
 #include "commands.h"
-#include "emoe/moe/prune.h"
 #include "emoe/core/error.h"
 #include "emoe/data/batching.h"
 #include "emoe/eval/evaluate.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/methods/model_folder.h"
+#include "emoe/moe/prune.h"
 #include "emoe/train/run_config.h"
 #include "emoe/train/run_data.h"
 
@@ -34,7 +34,8 @@ void run_prune(const PruneArgs& a) {
              "{}: prune evaluates classification runs", a.run_dir);
   const auto model_dir = (run / "model_moe").string();
   EMOE_CHECK(fs::exists(model_dir), InputError,
-             "{}: no model_moe/ (the run converted no layers, or ran with save_best=false)", a.run_dir);
+             "{}: no model_moe/ (the run converted no layers, or ran with save_best=false)",
+             a.run_dir);
   auto usage = UsageRecorder::load((run / "usage.json").string());
   LoadOptions lo;
   lo.device = rs.device;
@@ -42,7 +43,8 @@ void run_prune(const PruneArgs& a) {
   auto model = load_any_model(model_dir, lo);
   auto tok = load_tokenizer(model_dir);
   const auto& s = model->summary();
-  const int64_t pad = tok->special().pad.value_or(s.pad_token_id.value_or(s.eos_token_id.value_or(0)));
+  const int64_t pad =
+      tok->special().pad.value_or(s.pad_token_id.value_or(s.eos_token_id.value_or(0)));
   if (a.max_examples > 0) cfg.train.max_eval_examples = a.max_examples;
   auto data = load_run_data(cfg, /*train_split=*/false);
   const TaskSpec& task = data.task;
@@ -63,8 +65,8 @@ void run_prune(const PruneArgs& a) {
     if (src.kind == "selections") experts = src.experts;
   auto keeps = a.keep.empty() ? halving_schedule(experts) : a.keep;
   std::ostringstream md;
-  md << fmt::format("Training -> pruning: {} ({}, {} experts, k = {}), {} of each set\n\n", a.run_dir,
-                    cfg.method, experts, cfg.moe.topk, task.main_metric);
+  md << fmt::format("Training -> pruning: {} ({}, {} experts, k = {}), {} of each set\n\n",
+                    a.run_dir, cfg.method, experts, cfg.moe.topk, task.main_metric);
   md << "| experts kept |";
   for (const auto& st : sets) md << " " << st.name << " |";
   md << "\n|---|";
@@ -76,7 +78,8 @@ void run_prune(const PruneArgs& a) {
     md << "| " << m << " |";
     nlohmann::json row = {{"keep", m}};
     for (const auto& st : sets) {
-      auto r = evaluate_classifier(*model, st.data, task, cfg.train.eval_batch_size, pad, st.prediction_labels);
+      auto r = evaluate_classifier(*model, st.data, task, cfg.train.eval_batch_size, pad,
+                                   st.prediction_labels);
       md << fmt::format(" {:.2f} |", r.metrics[task.main_metric]);
       row[st.name] = r.metrics;
     }
@@ -93,7 +96,8 @@ void run_prune(const PruneArgs& a) {
 
 void register_prune(CLI::App& app) {
   auto a = std::make_shared<PruneArgs>();
-  auto* cmd = app.add_subcommand("prune", "Keep the M most-used experts per layer and evaluate (M = N ... 1)");
+  auto* cmd = app.add_subcommand(
+      "prune", "Keep the M most-used experts per layer and evaluate (M = N ... 1)");
   cmd->add_option("RUN_DIR", a->run_dir, "A training run folder of an MoE method")->required();
   cmd->add_option("--keep", a->keep, "Experts to keep (default: N, N/2, ..., 1)");
   cmd->add_option("--max-examples", a->max_examples, "Evaluate at most N examples per set");

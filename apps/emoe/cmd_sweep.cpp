@@ -8,8 +8,8 @@
 
 #include "commands.h"
 #include "emoe/core/error.h"
-#include "emoe/train/run_data.h"
 #include "emoe/io/atomic_file.h"
+#include "emoe/train/run_data.h"
 #include "emoe/train/trainer.h"
 
 namespace emoe::cli {
@@ -56,7 +56,8 @@ std::vector<std::vector<std::string>> grid_points(const std::vector<std::string>
     auto eq = g.find('=');
     EMOE_CHECK(eq != std::string::npos, UsageError, "--grid {}: expected key=v1,v2,...", g);
     std::string key = g.substr(0, eq);
-    if (key == "lr" || key == "epochs" || key == "batch_size" || key == "seed") key = "train." + key;
+    if (key == "lr" || key == "epochs" || key == "batch_size" || key == "seed")
+      key = "train." + key;
     std::vector<std::vector<std::string>> next;
     for (const auto& p : points)
       for (const auto& v : split_commas(g.substr(eq + 1))) {
@@ -106,7 +107,9 @@ void run_sweep(const SweepArgs& a) {
     std::string main_metric;
     for (size_t pi = 0; pi < points.size(); ++pi) {
       std::string tag;
-      for (const auto& kv : points[pi]) tag += (tag.empty() ? "" : "_") + kv.substr(kv.find('.') == std::string::npos ? 0 : kv.find('.') + 1);
+      for (const auto& kv : points[pi])
+        tag += (tag.empty() ? "" : "_") +
+               kv.substr(kv.find('.') == std::string::npos ? 0 : kv.find('.') + 1);
       if (tag.empty()) tag = "default";
       for (const auto& seed : seeds) {
         auto sets = a.sets;
@@ -135,13 +138,19 @@ void run_sweep(const SweepArgs& a) {
         auto& best = res["best"];
         for (auto& [set, v] : best.items()) {
           double x = set == "dev" && main_metric == "dev_loss" ? v["loss"].get<double>()
-                     : v["metrics"].contains(main_metric) ? v["metrics"][main_metric].get<double>()
-                     : v["metrics"].begin().value().get<double>();
+                     : v["metrics"].contains(main_metric)
+                         ? v["metrics"][main_metric].get<double>()
+                         : v["metrics"].begin().value().get<double>();
           per_point[pi][set].push_back(x);
-          if (std::find(set_names.begin(), set_names.end(), set) == set_names.end()) set_names.push_back(set);
+          if (std::find(set_names.begin(), set_names.end(), set) == set_names.end())
+            set_names.push_back(set);
         }
-        all.push_back({{"method", method}, {"point", points[pi]}, {"seed", seed}, {"results", res["best"]},
-                       {"best_epoch", res["best_epoch"]}, {"run", out}});
+        all.push_back({{"method", method},
+                       {"point", points[pi]},
+                       {"seed", seed},
+                       {"results", res["best"]},
+                       {"best_epoch", res["best_epoch"]},
+                       {"run", out}});
       }
     }
     // the grid point with the best mean dev score (lowest mean loss for instruction tuning)
@@ -156,9 +165,10 @@ void run_sweep(const SweepArgs& a) {
       auto s = stat_of(per_point[best_pi][set]);
       cells.push_back(s.n ? fmt::format("{:.2f} ± {:.2f}", s.mean, s.std) : "-");
     }
-    table.push_back(fmt::format("| {} | {} | {} |", method,
-                                points[best_pi].empty() ? "default" : fmt::format("{}", fmt::join(points[best_pi], " ")),
-                                fmt::join(cells, " | ")));
+    table.push_back(fmt::format(
+        "| {} | {} | {} |", method,
+        points[best_pi].empty() ? "default" : fmt::format("{}", fmt::join(points[best_pi], " ")),
+        fmt::join(cells, " | ")));
   }
   write_sweep_report(a, base, root, set_names, table, all);
 }
@@ -167,7 +177,8 @@ void run_sweep(const SweepArgs& a) {
 
 void register_sweep(CLI::App& app) {
   auto a = std::make_shared<SweepArgs>();
-  auto* cmd = app.add_subcommand("sweep", "Grid x seeds x methods, best epoch per run, mean ± std table");
+  auto* cmd =
+      app.add_subcommand("sweep", "Grid x seeds x methods, best epoch per run, mean ± std table");
   cmd->add_option("--config,-c", a->config, "YAML run config")->required();
   cmd->add_option("--grid", a->grid, "key=v1,v2 (repeatable; lr is train.lr)");
   cmd->add_option("--seeds", a->seeds, "Seeds, e.g. 0,1,2")->capture_default_str();
@@ -175,7 +186,8 @@ void register_sweep(CLI::App& app) {
   cmd->add_option("--set", a->sets, "Override a config key for every run (repeatable)");
   cmd->add_option("--method-set", a->method_sets,
                   "Override a key for one method, e.g. lora:train.lr=1e-3 (repeatable)");
-  cmd->add_option("-o,--output", a->output, "Root folder of the sweep (default: the config's output)");
+  cmd->add_option("-o,--output", a->output,
+                  "Root folder of the sweep (default: the config's output)");
   cmd->callback([a] { run_sweep(*a); });
 }
 

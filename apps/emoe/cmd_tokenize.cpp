@@ -29,7 +29,8 @@ void run_tokenize(const TokenizeArgs& a) {
       } catch (const nlohmann::json::exception&) {
         EMOE_THROW(InputError, "stdin line {}: expected a JSON array of token ids", lineno);
       }
-      EMOE_CHECK(j.is_array(), InputError, "stdin line {}: expected a JSON array of token ids", lineno);
+      EMOE_CHECK(j.is_array(), InputError, "stdin line {}: expected a JSON array of token ids",
+                 lineno);
       std::vector<int64_t> ids;
       for (const auto& x : j) {
         EMOE_CHECK(x.is_number_integer(), InputError, "stdin line {}: expected integer ids, got {}",
@@ -60,7 +61,8 @@ void run_tokenize(const TokenizeArgs& a) {
 
 void register_tokenize(CLI::App& app) {
   auto a = std::make_shared<TokenizeArgs>();
-  auto* cmd = app.add_subcommand("tokenize", "Tokenize stdin lines into JSON id arrays (or decode)");
+  auto* cmd =
+      app.add_subcommand("tokenize", "Tokenize stdin lines into JSON id arrays (or decode)");
   cmd->add_option("DIR", a->dir, "Model or tokenizer folder")->required();
   cmd->add_flag("--pair", a->pair, "Each line is a tab-separated sentence pair");
   cmd->add_flag("--no-special", a->no_special, "Do not add the template's special tokens");

@@ -22,13 +22,15 @@ struct TrainArgs {
 // The torchrun variables, then the flags given on top.
 DistOptions dist_options(const TrainArgs& a) {
   DistOptions d = DistOptions::from_env();
-  if (a.world_size > 0) d.world_size = a.world_size, d.local_world_size = std::min(d.local_world_size, a.world_size);
+  if (a.world_size > 0)
+    d.world_size = a.world_size, d.local_world_size = std::min(d.local_world_size, a.world_size);
   if (a.rank >= 0) d.rank = a.rank, d.local_rank = a.local_rank >= 0 ? a.local_rank : d.local_rank;
   if (a.local_rank >= 0) d.local_rank = a.local_rank;
   if (!a.master_addr.empty()) d.master_addr = a.master_addr;
   if (a.master_port > 0) d.master_port = a.master_port;
   if (a.dist_timeout > 0) d.timeout_s = a.dist_timeout;
-  EMOE_CHECK(d.rank < d.world_size, UsageError, "--rank: expected < world size {}, got {}", d.world_size, d.rank);
+  EMOE_CHECK(d.rank < d.world_size, UsageError, "--rank: expected < world size {}, got {}",
+             d.world_size, d.rank);
   return d;
 }
 
@@ -67,8 +69,10 @@ void run_train(const TrainArgs& a) {
   if (res["best"].is_object())
     for (auto& [set, v] : res["best"].items()) {
       std::vector<std::string> ms;
-      for (auto& [m, x] : v["metrics"].items()) ms.push_back(fmt::format("{} {:.2f}", m, x.get<double>()));
-      if (v.contains("loss") && !v["loss"].is_null()) ms.push_back(fmt::format("loss {:.4f}", v["loss"].get<double>()));
+      for (auto& [m, x] : v["metrics"].items())
+        ms.push_back(fmt::format("{} {:.2f}", m, x.get<double>()));
+      if (v.contains("loss") && !v["loss"].is_null())
+        ms.push_back(fmt::format("loss {:.4f}", v["loss"].get<double>()));
       std::cout << fmt::format("  {:<12} {}\n", set, fmt::join(ms, ", "));
     }
 }
@@ -77,7 +81,8 @@ void run_train(const TrainArgs& a) {
 
 void register_train(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
-  auto* cmd = app.add_subcommand("train", "Fine-tune a model (full, LoRA, (IA)^3, MoV, MoLoRA, EMoE, GMoE, ...)");
+  auto* cmd = app.add_subcommand(
+      "train", "Fine-tune a model (full, LoRA, (IA)^3, MoV, MoLoRA, EMoE, GMoE, ...)");
   cmd->add_option("--config,-c", a->config, "YAML run config (see configs/)");
   cmd->add_option("--set", a->sets, "Override a config key, e.g. --set train.lr=3e-5 (repeatable)");
   cmd->add_option("-o,--output", a->output, "Run folder (same as --set output=DIR)");
@@ -86,16 +91,22 @@ void register_train(CLI::App& app) {
       ->check(CLI::IsMember({"fp32", "bf16-mixed"}));
   cmd->add_option("--nproc", a->nproc, "Data parallel: start N worker processes on this machine")
       ->check(CLI::Range(1, 1024));
-  cmd->add_option("--rank", a->rank, "This process's rank in a multi-machine job (or $RANK)")->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--world-size", a->world_size, "Processes in the whole job (or $WORLD_SIZE)")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--local-rank", a->local_rank, "Rank on this machine (or $LOCAL_RANK)")->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--master-addr", a->master_addr, "Rank 0's address for the rendezvous (or $MASTER_ADDR; 127.0.0.1)");
-  cmd->add_option("--master-port", a->master_port, "Rendezvous port (or $MASTER_PORT; 29500, or a free one with --nproc)")
+  cmd->add_option("--rank", a->rank, "This process's rank in a multi-machine job (or $RANK)")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--world-size", a->world_size, "Processes in the whole job (or $WORLD_SIZE)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--local-rank", a->local_rank, "Rank on this machine (or $LOCAL_RANK)")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--master-addr", a->master_addr,
+                  "Rank 0's address for the rendezvous (or $MASTER_ADDR; 127.0.0.1)");
+  cmd->add_option("--master-port", a->master_port,
+                  "Rendezvous port (or $MASTER_PORT; 29500, or a free one with --nproc)")
       ->check(CLI::Range(1, 65535));
   cmd->add_option("--dist-timeout", a->dist_timeout,
                   "Seconds a collective may wait before the job fails (or $EMOE_DIST_TIMEOUT; 300)")
       ->check(CLI::PositiveNumber);
-  cmd->add_flag("--resume", a->resume, "Continue the run in the output folder from its last checkpoint");
+  cmd->add_flag("--resume", a->resume,
+                "Continue the run in the output folder from its last checkpoint");
   cmd->callback([a] { run_train(*a); });
 }
 

@@ -1,9 +1,9 @@
 // Subcommand registration for the emoe tool; each subcommand lives in its own file.
 #pragma once
-#include <CLI/CLI.hpp>
-
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+
+#include <CLI/CLI.hpp>
 #include <string>
 
 namespace emoe::cli {

@@ -1,9 +1,8 @@
 // emoe command-line tool: parses subcommands and turns library errors into exit codes.
-#include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
-
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <iostream>
 
 #include "commands.h"
@@ -21,7 +20,8 @@ int main(int argc, char** argv) {
   emoe::init_logging(verbosity);
   app.add_flag_function(
       "-v,--verbose", [&](int64_t n) { verbosity = 1 + static_cast<int>(n); }, "More log output");
-  app.add_flag_function("-q,--quiet", [&](int64_t) { verbosity = 0; }, "Warnings and errors only");
+  app.add_flag_function(
+      "-q,--quiet", [&](int64_t) { verbosity = 0; }, "Warnings and errors only");
   app.parse_complete_callback([&] { emoe::init_logging(verbosity); });
   emoe::cli::register_info(app);
   emoe::cli::register_generate(app);
@@ -45,14 +45,15 @@ int main(int argc, char** argv) {
       known = known || (argc > 1 && sub->check_name(argv[1]));
     }
     if (argc > 1 && argv[1][0] != '-' && !known) {
-      std::cerr << "emoe: error: unknown command '" << argv[1] << "' (commands: " << fmt::format("{}", fmt::join(names, ", "))
-                << ")\n";
+      std::cerr << "emoe: error: unknown command '" << argv[1]
+                << "' (commands: " << fmt::format("{}", fmt::join(names, ", ")) << ")\n";
       return 2;
     }
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    std::cerr << "emoe: error: " << e.what() << " (see emoe " << (argc > 1 ? argv[1] : "") << " --help)\n";
+    std::cerr << "emoe: error: " << e.what() << " (see emoe " << (argc > 1 ? argv[1] : "")
+              << " --help)\n";
     return 2;
   } catch (const emoe::InputError& e) {
     std::cerr << "emoe: error: " << e.what() << "\n";

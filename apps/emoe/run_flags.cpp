@@ -7,9 +7,11 @@
 namespace emoe::cli {
 
 void add_run_flags(CLI::App* cmd, RunFlags& flags) {
-  cmd->add_option("--threads", flags.threads, "Intra-op threads (default: one per core)")->check(CLI::Range(0, 4096));
+  cmd->add_option("--threads", flags.threads, "Intra-op threads (default: one per core)")
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--device", flags.device, "cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--dtype", flags.dtype, "Compute dtype: float32 or bfloat16")->capture_default_str();
+  cmd->add_option("--dtype", flags.dtype, "Compute dtype: float32 or bfloat16")
+      ->capture_default_str();
 }
 
 RunSettings apply_run_flags(const RunFlags& flags) {

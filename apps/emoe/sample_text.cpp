@@ -32,7 +32,8 @@ std::vector<ModelInputs> read_sample_batches(const std::string& path, const std:
     size_t e = std::min(seqs.size(), b + 16);
     size_t len = 0;
     for (size_t i = b; i < e; ++i) len = std::max(len, seqs[i].size());
-    auto ids = torch::full({static_cast<int64_t>(e - b), static_cast<int64_t>(len)}, pad, torch::kLong);
+    auto ids =
+        torch::full({static_cast<int64_t>(e - b), static_cast<int64_t>(len)}, pad, torch::kLong);
     auto mask = torch::zeros_like(ids);
     for (size_t i = b; i < e; ++i) {
       auto n = static_cast<int64_t>(seqs[i].size());

@@ -12,19 +12,23 @@ TEST(AnalysisCli, AnalyzePruneAndPruneThenTrain) {
   EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
   EMOE_REQUIRE_SHARED(data, "data");
   emoe::test::TempDir tmp;
-  const std::string common =
-      " --set model=" + bert + " --set data_dir=" + data +
-      " --set task=sst2 --set method=emoe --set moe.experts=8 --set moe.topk=2 --set moe.layers=[0,2]"
-      " --set train.max_train_examples=64 --set train.max_eval_examples=32 --set train.batch_size=16"
-      " --set train.epochs=2 --set train.max_length=32 --set train.usage_interval=2 --set ood=[imdb]";
+  const std::string common = " --set model=" + bert + " --set data_dir=" + data +
+                             " --set task=sst2 --set method=emoe --set moe.experts=8 --set "
+                             "moe.topk=2 --set moe.layers=[0,2]"
+                             " --set train.max_train_examples=64 --set train.max_eval_examples=32 "
+                             "--set train.batch_size=16"
+                             " --set train.epochs=2 --set train.max_length=32 --set "
+                             "train.usage_interval=2 --set ood=[imdb]";
   auto r = run_emoe("train" + common + " -o " + tmp.file("run"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* f : {"usage.json", "usage.csv", "moe.json", "model_moe/moe.json", "model/config.json"})
+  for (const char* f :
+       {"usage.json", "usage.csv", "moe.json", "model_moe/moe.json", "model/config.json"})
     EXPECT_TRUE(fs::exists(tmp.file(std::string("run/") + f))) << f;
 
   r = run_emoe("analyze " + tmp.file("run"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* f : {"usage_layer_0.png", "usage_layer_2.png", "usage_phases.png", "split_quality.png", "summary.md"})
+  for (const char* f : {"usage_layer_0.png", "usage_layer_2.png", "usage_phases.png",
+                        "split_quality.png", "summary.md"})
     EXPECT_TRUE(fs::exists(tmp.file(std::string("run/analysis/") + f))) << f;
   std::ifstream in(tmp.file("run/analysis/summary.md"));
   std::string md((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -33,19 +37,23 @@ TEST(AnalysisCli, AnalyzePruneAndPruneThenTrain) {
 
   r = run_emoe("prune " + tmp.file("run"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* row : {"| 8 |", "| 4 |", "| 2 |", "| 1 |"}) EXPECT_NE(r.out.find(row), std::string::npos) << r.out;
+  for (const char* row : {"| 8 |", "| 4 |", "| 2 |", "| 1 |"})
+    EXPECT_NE(r.out.find(row), std::string::npos) << r.out;
   // keeping all N experts reproduces the run's own best dev score
   auto res = emoe::JsonFields::from_file(tmp.file("run/results.json")).raw();
   auto pr = nlohmann::json::parse(std::ifstream(tmp.file("run/prune.json")));
-  EXPECT_NEAR(pr[0]["dev"]["accuracy"].get<double>(), res["best"]["dev"]["metrics"]["accuracy"].get<double>(), 1e-9);
+  EXPECT_NEAR(pr[0]["dev"]["accuracy"].get<double>(),
+              res["best"]["dev"]["metrics"]["accuracy"].get<double>(), 1e-9);
 
   // pruning -> training on the same split
-  r = run_emoe("train" + common + " --set prune_from=" + tmp.file("run") + " --set prune_keep=2 -o " + tmp.file("pruned"));
+  r = run_emoe("train" + common + " --set prune_from=" + tmp.file("run") +
+               " --set prune_keep=2 -o " + tmp.file("pruned"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto moe = emoe::JsonFields::from_file(tmp.file("pruned/model_moe/moe.json")).raw();
   EXPECT_EQ(moe["layers"]["0"]["allowed"].size(), 2u);
   // a different split is refused
-  r = run_emoe("train" + common + " --set moe.seed=5 --set prune_from=" + tmp.file("run") + " --set prune_keep=2 -o " + tmp.file("bad"));
+  r = run_emoe("train" + common + " --set moe.seed=5 --set prune_from=" + tmp.file("run") +
+               " --set prune_keep=2 -o " + tmp.file("bad"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("split differently"), std::string::npos) << r.err;
 }
@@ -53,9 +61,12 @@ TEST(AnalysisCli, AnalyzePruneAndPruneThenTrain) {
 TEST(AnalysisCli, BenchPrintsOneRowPerMethod) {
   EMOE_REQUIRE_SHARED(stories, "models/stories260K/hf");
   emoe::test::TempDir tmp;
-  auto r = run_emoe("bench " + stories + " --methods dense,lora,emoe --batch 2 --seq 16 --steps 1 --json " + tmp.file("b.json"));
+  auto r = run_emoe("bench " + stories +
+                    " --methods dense,lora,emoe --batch 2 --seq 16 --steps 1 --json " +
+                    tmp.file("b.json"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* m : {"| dense |", "| lora |", "| emoe |"}) EXPECT_NE(r.out.find(m), std::string::npos) << r.out;
+  for (const char* m : {"| dense |", "| lora |", "| emoe |"})
+    EXPECT_NE(r.out.find(m), std::string::npos) << r.out;
   auto rows = nlohmann::json::parse(std::ifstream(tmp.file("b.json")));
   ASSERT_EQ(rows.size(), 3u);
   EXPECT_EQ(rows[0]["parameters"], rows[2]["parameters"]) << "EMoE adds no parameters";

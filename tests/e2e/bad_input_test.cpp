@@ -1,11 +1,10 @@
 // The bad-input matrix of docs/errors.md: every row is run as written there. Each must exit with
 // code 2, print exactly one line `emoe: error: ...` containing the row's text, and leave no `-o`
 // target behind that was not there before.
-#include <nlohmann/json.hpp>
-
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "support/test_support.h"
@@ -36,7 +35,9 @@ std::string bad_slurp(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-void bad_write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+void bad_write(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
 
 // Rewrites a safetensors header (the data stays as it is).
 void edit_header(const std::string& path, const std::function<void(nlohmann::json&)>& edit) {
@@ -67,7 +68,8 @@ void make_fixtures(const std::string& t, const std::string& bert) {
   fs::copy(bert + "/model.safetensors", t + "/noconfig/model.safetensors");
   bad_write(copy("badjson") + "/config.json", "{not json");
   edit_config(copy("wrongtype"), [](nlohmann::json& j) { j["num_hidden_layers"] = "four"; });
-  edit_config(copy("hugevocab"), [](nlohmann::json& j) { j["vocab_size"] = int64_t{1000000000000}; });
+  edit_config(copy("hugevocab"),
+              [](nlohmann::json& j) { j["vocab_size"] = int64_t{1000000000000}; });
   edit_config(copy("hugemodel"), [](nlohmann::json& j) {
     j["num_hidden_layers"] = 4000;
     j["hidden_size"] = 65536;
@@ -78,15 +80,19 @@ void make_fixtures(const std::string& t, const std::string& bert) {
   fs::create_directories(t + "/pickle");
   fs::copy(bert + "/config.json", t + "/pickle/config.json");
   bad_write(t + "/pickle/pytorch_model.bin", "x");
-  edit_config(copy("wrongshape"), [](nlohmann::json& j) { j["intermediate_size"] = 2 * j["intermediate_size"].get<int>(); });
-  edit_header(copy("unkdtype") + "/model.safetensors", [](nlohmann::json& h) { h["bert.embeddings.LayerNorm.bias"]["dtype"] = "Q7"; });
+  edit_config(copy("wrongshape"), [](nlohmann::json& j) {
+    j["intermediate_size"] = 2 * j["intermediate_size"].get<int>();
+  });
+  edit_header(copy("unkdtype") + "/model.safetensors",
+              [](nlohmann::json& h) { h["bert.embeddings.LayerNorm.bias"]["dtype"] = "Q7"; });
   edit_header(copy("overlap") + "/model.safetensors", [](nlohmann::json& h) {
     auto& a = h["bert.embeddings.LayerNorm.weight"]["data_offsets"];
     auto& b = h["bert.embeddings.LayerNorm.bias"]["data_offsets"];
     const auto len = b[1].get<int64_t>() - b[0].get<int64_t>();
     b = {a[0].get<int64_t>(), a[0].get<int64_t>() + len};
   });
-  edit_header(copy("missingtensor") + "/model.safetensors", [](nlohmann::json& h) { h.erase("bert.embeddings.LayerNorm.bias"); });
+  edit_header(copy("missingtensor") + "/model.safetensors",
+              [](nlohmann::json& h) { h.erase("bert.embeddings.LayerNorm.bias"); });
   {
     auto p = copy("hdrjson") + "/model.safetensors";
     std::string f = bad_slurp(p);
@@ -136,15 +142,18 @@ TEST(BadInput, EveryRowOfDocsErrorsMd) {
     std::string target;
     if (std::regex_search(args, m, std::regex(R"(-o (\S+))"))) target = m[1];
     const bool existed = !target.empty() && fs::exists(target);
-    const auto before = existed && fs::is_directory(target) ? fs::last_write_time(target) : fs::file_time_type{};
+    const auto before =
+        existed && fs::is_directory(target) ? fs::last_write_time(target) : fs::file_time_type{};
     auto res = run_emoe(args + " -q");  // -q: no progress log lines before the error
     EXPECT_EQ(res.exit_code, 2) << res.err;
     EXPECT_EQ(res.err.rfind("emoe: error: ", 0), 0u) << res.err;
-    EXPECT_EQ(std::count(res.err.begin(), res.err.end(), '\n'), 1) << "one line expected:\n" << res.err;
+    EXPECT_EQ(std::count(res.err.begin(), res.err.end(), '\n'), 1) << "one line expected:\n"
+                                                                   << res.err;
     EXPECT_NE(res.err.find(r.expected), std::string::npos) << res.err;
     if (!target.empty()) {
       EXPECT_EQ(fs::exists(target), existed) << target << " was left behind";
-      if (existed && fs::is_directory(target)) EXPECT_EQ(fs::last_write_time(target), before) << target << " changed";
+      if (existed && fs::is_directory(target))
+        EXPECT_EQ(fs::last_write_time(target), before) << target << " changed";
     }
   }
 }

@@ -63,7 +63,8 @@ TEST(Cli, ForwardWritesLogitsAndHiddenStates) {
   emoe::save_safetensors(tmp.file("in.safetensors"), {{"input_ids", fx["left.input_ids"]},
                                                       {"attention_mask", fx["left.attention_mask"]},
                                                       {"position_ids", fx["left.position_ids"]}});
-  auto r = run_emoe("forward " + dir + " -i " + tmp.file("in.safetensors") + " -o " + tmp.file("out.safetensors"));
+  auto r = run_emoe("forward " + dir + " -i " + tmp.file("in.safetensors") + " -o " +
+                    tmp.file("out.safetensors"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto out = emoe::load_safetensors(tmp.file("out.safetensors"));
   auto m = fx["left.attention_mask"];
@@ -75,7 +76,8 @@ TEST(Cli, ForwardWritesLogitsAndHiddenStates) {
   emoe::save_safetensors(tmp.file("b.safetensors"), {{"input_ids", fb["input_ids"]},
                                                      {"attention_mask", fb["attention_mask"]},
                                                      {"token_type_ids", fb["token_type_ids"]}});
-  r = run_emoe("forward " + bert + " -i " + tmp.file("b.safetensors") + " -o " + tmp.file("bo.safetensors"));
+  r = run_emoe("forward " + bert + " -i " + tmp.file("b.safetensors") + " -o " +
+               tmp.file("bo.safetensors"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto bo = emoe::load_safetensors(tmp.file("bo.safetensors"));
   EXPECT_EQ(bo.count("logits"), 0u);
@@ -106,8 +108,10 @@ TEST(Cli, InfoDescribesEachArchitecture) {
     auto j = nlohmann::json::parse(r.out);
     EXPECT_GT(j["parameters"]["total"].get<int64_t>(), 0);
     EXPECT_EQ(j["parameters"]["total"].get<int64_t>(),
-              j["parameters"]["embeddings"].get<int64_t>() + j["parameters"]["attention"].get<int64_t>() +
-                  j["parameters"]["ffn"].get<int64_t>() + j["parameters"]["norms_and_other"].get<int64_t>() +
+              j["parameters"]["embeddings"].get<int64_t>() +
+                  j["parameters"]["attention"].get<int64_t>() +
+                  j["parameters"]["ffn"].get<int64_t>() +
+                  j["parameters"]["norms_and_other"].get<int64_t>() +
                   j["parameters"]["head"].get<int64_t>());
   }
   EMOE_REQUIRE_SHARED(st, "models/stories260K/hf");
@@ -119,7 +123,8 @@ TEST(Cli, InfoDescribesEachArchitecture) {
 TEST(Cli, ConvertThenExportRoundTrips) {
   EMOE_REQUIRE_SHARED(dir, "models/stories260K/hf");
   emoe::test::TempDir tmp;
-  auto r = run_emoe("convert " + dir + " -o " + tmp.file("moe") + " -N 4 -k 2 --layers 1,3 --restarts 2");
+  auto r = run_emoe("convert " + dir + " -o " + tmp.file("moe") +
+                    " -N 4 -k 2 --layers 1,3 --restarts 2");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("| 1 | balanced-kmeans | 4 x 43 |"), std::string::npos) << r.out;
   EXPECT_TRUE(fs::exists(tmp.file("moe/moe.json")));
@@ -138,7 +143,8 @@ TEST(Cli, ConvertThenExportRoundTrips) {
   expect_one_error(run_emoe("convert " + dir + " -o " + tmp.file("x") + " -N 5"),
                    "d_ff 172 is not divisible by N = 5 experts; valid N: 1 2 4 43 86 172");
   expect_one_error(run_emoe("convert " + dir + " -o " + tmp.file("x") + " -N 4 -k 9"), "--topk");
-  expect_one_error(run_emoe("convert " + dir + " -o " + tmp.file("x") + " --layers 9"), "layer 9 does not exist");
+  expect_one_error(run_emoe("convert " + dir + " -o " + tmp.file("x") + " --layers 9"),
+                   "layer 9 does not exist");
   expect_one_error(run_emoe("export " + dir + " --dense -o " + tmp.file("x")), "already dense");
   EXPECT_FALSE(fs::exists(tmp.file("x")));
 }
@@ -171,37 +177,76 @@ TEST(Cli, BadModelFilesGiveOneClearError) {
     return out + text + weights.substr(8 + old);
   };
   std::vector<Case> cases = {
-      {"truncated", [&](const std::string& d) { write(d + "/model.safetensors", weights.substr(0, weights.size() / 2)); }, "out of range"},
-      {"tiny file", [&](const std::string& d) { write(d + "/model.safetensors", "abc"); }, "too short"},
-      {"header past end", [&](const std::string& d) { auto w = weights; w[0] = '\xff'; w[1] = '\xff'; w[2] = '\x0f'; write(d + "/model.safetensors", w); }, "runs past the end"},
-      {"overlap", [&](const std::string& d) {
+      {"truncated",
+       [&](const std::string& d) {
+         write(d + "/model.safetensors", weights.substr(0, weights.size() / 2));
+       },
+       "out of range"},
+      {"tiny file", [&](const std::string& d) { write(d + "/model.safetensors", "abc"); },
+       "too short"},
+      {"header past end",
+       [&](const std::string& d) {
+         auto w = weights;
+         w[0] = '\xff';
+         w[1] = '\xff';
+         w[2] = '\x0f';
+         write(d + "/model.safetensors", w);
+       },
+       "runs past the end"},
+      {"overlap",
+       [&](const std::string& d) {
          auto h = header_of();
          h["model.norm.weight"]["data_offsets"] = h["lm_head.weight"]["data_offsets"];
          h["model.norm.weight"]["shape"] = h["lm_head.weight"]["shape"];
-         write(d + "/model.safetensors", with_header(h)); }, "overlap"},
-      {"out of range offsets", [&](const std::string& d) {
+         write(d + "/model.safetensors", with_header(h));
+       },
+       "overlap"},
+      {"out of range offsets",
+       [&](const std::string& d) {
          auto h = header_of();
          h["model.norm.weight"]["data_offsets"] = {100000000, 100000128};
-         write(d + "/model.safetensors", with_header(h)); }, "out of range"},
-      {"unknown dtype", [&](const std::string& d) {
+         write(d + "/model.safetensors", with_header(h));
+       },
+       "out of range"},
+      {"unknown dtype",
+       [&](const std::string& d) {
          auto h = header_of();
          h["model.norm.weight"]["dtype"] = "Q4";
-         write(d + "/model.safetensors", with_header(h)); }, "unknown or unsupported dtype 'Q4'"},
-      {"wrong shape", [&](const std::string& d) {
+         write(d + "/model.safetensors", with_header(h));
+       },
+       "unknown or unsupported dtype 'Q4'"},
+      {"wrong shape",
+       [&](const std::string& d) {
          auto h = header_of();
          h["model.norm.weight"]["shape"] = {4, 8};
-         write(d + "/model.safetensors", with_header(h)); }, "model.norm.weight: expected [32], got [4, 8]"},
-      {"missing tensor", [&](const std::string& d) {
+         write(d + "/model.safetensors", with_header(h));
+       },
+       "model.norm.weight: expected [32], got [4, 8]"},
+      {"missing tensor",
+       [&](const std::string& d) {
          auto h = header_of();
          h.erase("model.norm.weight");
-         write(d + "/model.safetensors", with_header(h)); }, "1 missing: model.norm.weight"},
-      {"malformed config", [&](const std::string& d) { write(d + "/config.json", "{\"hidden_size\": 32,"); }, "config.json: not valid JSON"},
-      {"inconsistent config", [&](const std::string& d) {
+         write(d + "/model.safetensors", with_header(h));
+       },
+       "1 missing: model.norm.weight"},
+      {"malformed config",
+       [&](const std::string& d) { write(d + "/config.json", "{\"hidden_size\": 32,"); },
+       "config.json: not valid JSON"},
+      {"inconsistent config",
+       [&](const std::string& d) {
          auto j = nlohmann::json::parse(config);
          j["num_attention_heads"] = 5;
-         write(d + "/config.json", j.dump()); }, "hidden_size 32 is not a multiple of num_attention_heads 5"},
-      {"missing config", [&](const std::string& d) { fs::remove(d + "/config.json"); }, "missing config.json"},
-      {"pickle only", [&](const std::string& d) { fs::remove(d + "/model.safetensors"); write(d + "/pytorch_model.bin", "x"); }, "pickle"},
+         write(d + "/config.json", j.dump());
+       },
+       "hidden_size 32 is not a multiple of num_attention_heads 5"},
+      {"missing config", [&](const std::string& d) { fs::remove(d + "/config.json"); },
+       "missing config.json"},
+      {"pickle only",
+       [&](const std::string& d) {
+         fs::remove(d + "/model.safetensors");
+         write(d + "/pytorch_model.bin", "x");
+       },
+       "pickle"},
   };
   int i = 0;
   for (const auto& c : cases) {
@@ -211,7 +256,8 @@ TEST(Cli, BadModelFilesGiveOneClearError) {
     c.damage(d);
     expect_one_error(run_emoe("info " + d), c.expect);
     // forward leaves no output behind when it fails
-    emoe::save_safetensors(d + "/in.safetensors", {{"input_ids", torch::ones({1, 3}, torch::kLong)}});
+    emoe::save_safetensors(d + "/in.safetensors",
+                           {{"input_ids", torch::ones({1, 3}, torch::kLong)}});
     auto r = run_emoe("forward " + d + " -i " + d + "/in.safetensors -o " + d + "/out.safetensors");
     EXPECT_EQ(r.exit_code, 2) << r.err;
     EXPECT_FALSE(fs::exists(d + "/out.safetensors"));
@@ -221,19 +267,26 @@ TEST(Cli, BadModelFilesGiveOneClearError) {
 TEST(Cli, BadInputsAndFlagsGiveOneClearError) {
   EMOE_REQUIRE_SHARED(dir, "fixtures/tiny/llama_lm");
   emoe::test::TempDir tmp;
-  emoe::save_safetensors(tmp.file("ids.safetensors"), {{"input_ids", torch::full({1, 3}, 500, torch::kLong)}});
-  expect_one_error(run_emoe("forward " + dir + " -i " + tmp.file("ids.safetensors") + " -o " + tmp.file("o")),
-                   "ids must lie in [0, 100)");
+  emoe::save_safetensors(tmp.file("ids.safetensors"),
+                         {{"input_ids", torch::full({1, 3}, 500, torch::kLong)}});
+  expect_one_error(
+      run_emoe("forward " + dir + " -i " + tmp.file("ids.safetensors") + " -o " + tmp.file("o")),
+      "ids must lie in [0, 100)");
   emoe::save_safetensors(tmp.file("f.safetensors"), {{"input_ids", torch::ones({1, 3})}});
-  expect_one_error(run_emoe("forward " + dir + " -i " + tmp.file("f.safetensors") + " -o " + tmp.file("o")),
-                   "expected an integer dtype");
-  emoe::save_safetensors(tmp.file("m.safetensors"), {{"input_ids", torch::ones({1, 3}, torch::kLong)},
-                                                     {"attention_mask", torch::ones({1, 4}, torch::kLong)}});
-  expect_one_error(run_emoe("forward " + dir + " -i " + tmp.file("m.safetensors") + " -o " + tmp.file("o")),
-                   "differs from input_ids");
-  emoe::save_safetensors(tmp.file("long.safetensors"), {{"input_ids", torch::ones({1, 80}, torch::kLong)}});
-  expect_one_error(run_emoe("forward " + dir + " -i " + tmp.file("long.safetensors") + " -o " + tmp.file("o")),
-                   "exceeds max_position_embeddings 64");
+  expect_one_error(
+      run_emoe("forward " + dir + " -i " + tmp.file("f.safetensors") + " -o " + tmp.file("o")),
+      "expected an integer dtype");
+  emoe::save_safetensors(tmp.file("m.safetensors"),
+                         {{"input_ids", torch::ones({1, 3}, torch::kLong)},
+                          {"attention_mask", torch::ones({1, 4}, torch::kLong)}});
+  expect_one_error(
+      run_emoe("forward " + dir + " -i " + tmp.file("m.safetensors") + " -o " + tmp.file("o")),
+      "differs from input_ids");
+  emoe::save_safetensors(tmp.file("long.safetensors"),
+                         {{"input_ids", torch::ones({1, 80}, torch::kLong)}});
+  expect_one_error(
+      run_emoe("forward " + dir + " -i " + tmp.file("long.safetensors") + " -o " + tmp.file("o")),
+      "exceeds max_position_embeddings 64");
   expect_one_error(run_emoe("generate " + dir + " --dtype float8"), "--dtype");
   expect_one_error(run_emoe("generate " + dir + " --device tpu"), "--device");
   expect_one_error(run_emoe("generate " + dir + " --top-p 2 -t 1"), "--top-p");

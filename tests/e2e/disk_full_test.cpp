@@ -39,10 +39,12 @@ TEST(DiskFull, CheckpointWriteFailsCleanlyAndTheRunResumes) {
   ASSERT_EQ(latest_name(run), "step-00000002");
   const auto before = emoe::load_safetensors(run + "/checkpoints/step-00000002/model.safetensors");
 
-  // resume with files limited to 64 KiB: the next checkpoint (about 1 MB of weights) cannot be written
+  // resume with files limited to 64 KiB: the next checkpoint (about 1 MB of weights) cannot be
+  // written
   const auto err_file = tmp.file("err.txt");
-  const auto cmd = fmt::format("bash -c 'trap \"\" XFSZ; ulimit -f 64; exec {} -q {} --resume' 2> {}",
-                               emoe::test::emoe_binary(), args, err_file);
+  const auto cmd =
+      fmt::format("bash -c 'trap \"\" XFSZ; ulimit -f 64; exec {} -q {} --resume' 2> {}",
+                  emoe::test::emoe_binary(), args, err_file);
   const int status = std::system(cmd.c_str());
   EXPECT_NE(status, 0);
   std::ifstream in(err_file);

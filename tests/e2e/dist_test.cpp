@@ -23,7 +23,8 @@ namespace {
 std::string deterministic_bert(const std::string& bert, const std::string& dir) {
   fs::create_directories(dir);
   for (const auto& e : fs::directory_iterator(bert))
-    if (e.path().filename() != "config.json") fs::create_symlink(e.path(), fs::path(dir) / e.path().filename());
+    if (e.path().filename() != "config.json")
+      fs::create_symlink(e.path(), fs::path(dir) / e.path().filename());
   std::ifstream in(bert + "/config.json");
   auto cfg = nlohmann::json::parse(in);
   cfg["hidden_dropout_prob"] = 0.0;
@@ -38,7 +39,8 @@ std::string train_args(const std::string& model, const std::string& method, cons
       "train --set model={} --set task=sst2 --set data_dir={} --set method={} -o {} --set ood=[] "
       "--set train.batch_size=8 --set train.max_steps={} --set train.max_length=32 "
       "--set train.max_train_examples=400 --set train.max_eval_examples=32 --set train.log_every=1 "
-      "--set train.lr=1e-4 --set train.warmup_steps=2 --set peft.dropout=0 --set moe.experts=4 --set moe.topk=2 "
+      "--set train.lr=1e-4 --set train.warmup_steps=2 --set peft.dropout=0 --set moe.experts=4 "
+      "--set moe.topk=2 "
       "--set moe.kmeans.restarts=1 --set save_best=false {}",
       model, emoe::test::shared_path("data"), method, out, steps, extra);
 }
@@ -67,7 +69,9 @@ TEST(Distributed, TwoProcessesMatchOneProcess) {
   // (method, extra settings): the last one accumulates 2 micro-batches of 4 per step, which
   // all-reduces once per step
   const std::vector<std::pair<std::string, std::string>> runs = {
-      {"full", ""}, {"lora", ""}, {"emoe", ""},
+      {"full", ""},
+      {"lora", ""},
+      {"emoe", ""},
       {"full", " --set train.batch_size=4 --set train.grad_accum=2"}};
   for (const auto& [method, extra] : runs) {
     SCOPED_TRACE(method + extra);
@@ -75,7 +79,8 @@ TEST(Distributed, TwoProcessesMatchOneProcess) {
     fs::remove_all(one), fs::remove_all(two);
     auto r1 = emoe::test::run_emoe(train_args(model, method, one, 20, "--set threads=1" + extra));
     ASSERT_EQ(r1.exit_code, 0) << r1.err;
-    auto r2 = emoe::test::run_emoe(train_args(model, method, two, 20, "--set threads=1 --nproc 2" + extra));
+    auto r2 = emoe::test::run_emoe(
+        train_args(model, method, two, 20, "--set threads=1 --nproc 2" + extra));
     ASSERT_EQ(r2.exit_code, 0) << r2.err;
     EXPECT_NE(r2.err.find("data parallel: 2 ranks"), std::string::npos) << r2.err;
     auto l1 = emoe::test::train_losses(one), l2 = emoe::test::train_losses(two);
@@ -91,15 +96,17 @@ TEST(Distributed, TwoProcessesMatchOneProcess) {
     double worst = 0;
     for (auto& [k, t] : w1) worst = std::max(worst, emoe::test::max_abs_diff(t, w2.at(k)));
     EXPECT_LT(worst, 1e-5);
-    std::cout << fmt::format("[ dist     ] {}{}: 20 steps, max |loss diff| {:.2e}, max |weight diff| {:.2e}\n",
-                             method, extra, worst_loss, worst);
+    std::cout << fmt::format(
+        "[ dist     ] {}{}: 20 steps, max |loss diff| {:.2e}, max |weight diff| {:.2e}\n", method,
+        extra, worst_loss, worst);
     // the dev metrics are those of the whole dev set, gathered from both ranks
     auto res1 = nlohmann::json::parse(std::ifstream(one + "/results.json"));
     auto res2 = nlohmann::json::parse(std::ifstream(two + "/results.json"));
     EXPECT_EQ(res1["best"]["dev"]["examples"], res2["best"]["dev"]["examples"]);
     EXPECT_NEAR(res1["best"]["dev"]["metrics"]["accuracy"].get<double>(),
                 res2["best"]["dev"]["metrics"]["accuracy"].get<double>(), 1e-9);
-    EXPECT_NEAR(res1["best"]["dev"]["loss"].get<double>(), res2["best"]["dev"]["loss"].get<double>(), 1e-5);
+    EXPECT_NEAR(res1["best"]["dev"]["loss"].get<double>(),
+                res2["best"]["dev"]["loss"].get<double>(), 1e-5);
   }
 }
 
@@ -111,11 +118,13 @@ struct Interrupted {
   std::string err;
   double seconds = 0;
 };
-Interrupted interrupt_worker(const std::string& args, const std::string& run, size_t steps, int sig) {
+Interrupted interrupt_worker(const std::string& args, const std::string& run, size_t steps,
+                             int sig) {
   const auto err_file = run + ".err";
   pid_t launcher = fork();
   if (launcher == 0) {
-    const auto cmd = fmt::format("exec {} {} 2>{} >/dev/null", emoe::test::emoe_binary(), args, err_file);
+    const auto cmd =
+        fmt::format("exec {} {} 2>{} >/dev/null", emoe::test::emoe_binary(), args, err_file);
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -167,7 +176,8 @@ TEST(Distributed, DeadOrHungWorkerStopsTheJobAndResumeFinishes) {
     EXPECT_NE(r.err.find("rank 0 of 2"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("worker 0 of 2"), std::string::npos) << r.err;
     EXPECT_LT(r.seconds, 40.0);
-    auto again = emoe::test::run_emoe(train_args(model, "full", run, 40, "--set threads=1 --set train.save_every=2 --resume"));
+    auto again = emoe::test::run_emoe(
+        train_args(model, "full", run, 40, "--set threads=1 --set train.save_every=2 --resume"));
     ASSERT_EQ(again.exit_code, 0) << again.err;
     EXPECT_EQ(emoe::test::train_losses(run).size(), 40u);
   }

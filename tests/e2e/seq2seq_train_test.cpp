@@ -4,7 +4,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "support/test_support.h"
@@ -21,10 +20,13 @@ std::string s2s_make_tiny_t5(const emoe::test::TempDir& tmp, const std::string& 
     corpus << "a small corpus line for the tiny model\nanother line of text\n";
   }
   const std::string out = tmp.file("t5");
-  auto r = run_emoe("pretrain --set arch=t5 --set hidden=64 --set layers=2 --set heads=4 --set intermediate=128 "
-                    "--set tokenizer=" + tok_dir + " --set corpus=" + tmp.file("corpus.txt") +
-                    " --set steps=1 --set batch_size=2 --set max_length=16 --set log_every=1 --set threads=1 "
-                    "--set output=" + out);
+  auto r = run_emoe(
+      "pretrain --set arch=t5 --set hidden=64 --set layers=2 --set heads=4 --set intermediate=128 "
+      "--set tokenizer=" +
+      tok_dir + " --set corpus=" + tmp.file("corpus.txt") +
+      " --set steps=1 --set batch_size=2 --set max_length=16 --set log_every=1 --set threads=1 "
+      "--set output=" +
+      out);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return out;
 }
@@ -35,7 +37,9 @@ std::string s2s_args(const std::string& model, const std::string& method, const 
          " --set 'mixture={tasks: [sst2, mrpc], rate: temperature, cap: 12}' --set 'heldout=[rte]'"
          " --set train.batch_size=8 --set train.epochs=1 --set train.max_train_examples=12"
          " --set train.max_eval_examples=6 --set train.max_length=48 --set train.lr=3e-3"
-         " --set train.log_every=1 --set peft.experts=2 --set threads=1 --set save_best=false --set output=" + out;
+         " --set train.log_every=1 --set peft.experts=2 --set threads=1 --set save_best=false "
+         "--set output=" +
+         out;
 }
 
 nlohmann::json s2s_results(const std::string& run) {
@@ -127,16 +131,20 @@ TEST(Seq2SeqTrain, ObjectiveMustFitTheArchitecture) {
   auto r = run_emoe("train --set model=" + model + " --set task=sst2 --set data_dir=" +
                     emoe::test::shared_path("data") + " --set output=" + tmp.file("c"));
   EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_NE(r.err.find("objective: classification is not available for the encoder-decoder"), std::string::npos)
+  EXPECT_NE(r.err.find("objective: classification is not available for the encoder-decoder"),
+            std::string::npos)
       << r.err;
   // seq2seq on BERT
   r = run_emoe(s2s_args(bert, "ia3", tmp.file("d")));
   EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_NE(r.err.find("objective: seq2seq needs an encoder-decoder model"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("objective: seq2seq needs an encoder-decoder model"), std::string::npos)
+      << r.err;
   // a task without templates, and a held-out task that is also trained
   r = run_emoe(s2s_args(model, "ia3", tmp.file("e")) + " --set 'mixture.tasks=[stsb]'");
   EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_NE(r.err.find("mixture.tasks: no text-to-text templates for task 'stsb'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("mixture.tasks: no text-to-text templates for task 'stsb'"),
+            std::string::npos)
+      << r.err;
   r = run_emoe(s2s_args(model, "ia3", tmp.file("f")) + " --set 'heldout=[sst2]'");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("heldout: task 'sst2' is also a training task"), std::string::npos) << r.err;

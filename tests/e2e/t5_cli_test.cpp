@@ -111,7 +111,8 @@ TEST(T5Cli, GeneratePrintsTheDecodedOutputOfTheLibraryGeneration) {
       int64_t t = ids[0][i].item<int64_t>();
       static const char* kNames[] = {"[PAD]", "[SEP]", "[UNK]", "[CLS]"};
       if ((t < 4 || t == 11) && !special) continue;  // special tokens are skipped when decoding
-      text += (text.empty() ? "" : " ") + (t < 4 ? std::string(kNames[t]) : "w" + std::to_string(t));
+      text +=
+          (text.empty() ? "" : " ") + (t < 4 ? std::string(kNames[t]) : "w" + std::to_string(t));
     }
     return text + "\n";
   };
@@ -123,7 +124,8 @@ TEST(T5Cli, GeneratePrintsTheDecodedOutputOfTheLibraryGeneration) {
   EXPECT_EQ(r.out, expected_text(3));
   EXPECT_NE(expected_text(3), expected_text(1));
   // --show-special keeps them (T5's sentinels and eos)
-  r = run_emoe("generate " + tmp.path() + " --prompt 'w5 w6 w7' -n 8 --num-beams 3 --show-special -q");
+  r = run_emoe("generate " + tmp.path() +
+               " --prompt 'w5 w6 w7' -n 8 --num-beams 3 --show-special -q");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, expected_text(3, true));
   EXPECT_NE(r.out, expected_text(3));

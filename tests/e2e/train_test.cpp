@@ -14,8 +14,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-emoe::RunConfig tiny_run(const std::string& model, const std::string& method, const std::string& out,
-                         std::vector<std::string> extra = {}) {
+emoe::RunConfig tiny_run(const std::string& model, const std::string& method,
+                         const std::string& out, std::vector<std::string> extra = {}) {
   std::vector<std::string> sets = {"model=" + model,
                                    "task=sst2",
                                    "data_dir=" + emoe::test::shared_path("data"),
@@ -49,7 +49,8 @@ TEST(TrainE2E, EveryMethodTrainsEvaluatesAndReloads) {
   EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
   EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
   emoe::test::TempDir tmp;
-  for (std::string method : {"full", "lora", "ia3", "mov", "molora", "emoe", "emoe+lora", "emoe-learn", "gmoe"}) {
+  for (std::string method :
+       {"full", "lora", "ia3", "mov", "molora", "emoe", "emoe+lora", "emoe-learn", "gmoe"}) {
     SCOPED_TRACE(method);
     auto out = tmp.file(method);
     auto r = emoe::run_training(tiny_run(bert, method, out), false);
@@ -65,13 +66,15 @@ TEST(TrainE2E, EveryMethodTrainsEvaluatesAndReloads) {
     if (method == "lora" || method == "emoe+lora" || method == "ia3")
       EXPECT_TRUE(fs::exists(out + "/adapter/adapter_model.safetensors"));
     // dense exports need no moe.json / peft.json
-    if (method == "full" || method == "lora" || method == "emoe" || method == "emoe+lora" || method == "emoe-learn") {
+    if (method == "full" || method == "lora" || method == "emoe" || method == "emoe+lora" ||
+        method == "emoe-learn") {
       EXPECT_FALSE(fs::exists(out + "/model/moe.json"));
       EXPECT_FALSE(fs::exists(out + "/model/peft.json"));
     }
     if (method == "full" || method == "lora" || method == "ia3")
-      EXPECT_EQ(res["parameters"]["trainable"].get<int64_t>() < res["parameters"]["total"].get<int64_t>(),
-                method != "full");
+      EXPECT_EQ(
+          res["parameters"]["trainable"].get<int64_t>() < res["parameters"]["total"].get<int64_t>(),
+          method != "full");
   }
 }
 
@@ -83,11 +86,13 @@ TEST(TrainE2E, ResumeFinishesWithBitwiseEqualWeights) {
     SCOPED_TRACE(method);
     auto a = tmp.file(method + "-straight"), b = tmp.file(method + "-stopped");
     emoe::run_training(tiny_run(bert, method, a, {"save_best=false"}), false);
-    auto stopped = emoe::run_training(tiny_run(bert, method, b, {"save_best=false", "train.stop_after_steps=5"}), false);
+    auto stopped = emoe::run_training(
+        tiny_run(bert, method, b, {"save_best=false", "train.stop_after_steps=5"}), false);
     ASSERT_TRUE(stopped.stopped_early);
     EXPECT_FALSE(fs::exists(b + "/results.json"));
     // resuming without --resume is refused; with it, the run completes
-    EXPECT_THROW(emoe::run_training(tiny_run(bert, method, b, {"save_best=false"}), false), emoe::UsageError);
+    EXPECT_THROW(emoe::run_training(tiny_run(bert, method, b, {"save_best=false"}), false),
+                 emoe::UsageError);
     emoe::run_training(tiny_run(bert, method, b, {"save_best=false"}), true);
     auto wa = checkpoint_weights(a), wb = checkpoint_weights(b);
     ASSERT_EQ(wa.size(), wb.size());
@@ -104,13 +109,16 @@ TEST(TrainE2E, AblationsAndStoriesClassifier) {
   EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
   emoe::test::TempDir tmp;
   // LoRA -> EMoE: train dense with LoRA, evaluate with the expert mask
-  auto r1 = emoe::run_training(tiny_run(bert, "lora", tmp.file("lora-emoe"), {"ablation=train-dense-eval-moe"}), false);
+  auto r1 = emoe::run_training(
+      tiny_run(bert, "lora", tmp.file("lora-emoe"), {"ablation=train-dense-eval-moe"}), false);
   EXPECT_TRUE(r1.results["best"]["dev"]["metrics"].contains("accuracy"));
   // EMoE -> dense: train with the mask, evaluate dense
-  auto r2 = emoe::run_training(tiny_run(bert, "emoe", tmp.file("emoe-dense"), {"ablation=train-moe-eval-dense"}), false);
+  auto r2 = emoe::run_training(
+      tiny_run(bert, "emoe", tmp.file("emoe-dense"), {"ablation=train-moe-eval-dense"}), false);
   EXPECT_TRUE(r2.results["best"]["dev"]["metrics"].contains("accuracy"));
   // the Llama-architecture model as a sequence classifier
-  auto r3 = emoe::run_training(tiny_run(stories, "emoe", tmp.file("stories"), {"moe.layers=[1,3]"}), false);
+  auto r3 = emoe::run_training(tiny_run(stories, "emoe", tmp.file("stories"), {"moe.layers=[1,3]"}),
+                               false);
   EXPECT_TRUE(fs::exists(tmp.file("stories/model/model.safetensors")));
   auto m = emoe::load_any_model(tmp.file("stories/model"));
   EXPECT_EQ(m->summary().head, emoe::Head::kSequenceClassification);
@@ -121,12 +129,12 @@ TEST(TrainE2E, InstructionTuningWithMmluScoring) {
   EMOE_REQUIRE_SHARED(alpaca, "data/instruct/alpaca/alpaca_5000.json");
   EMOE_REQUIRE_SHARED(mmlu, "data/instruct/mmlu/data");
   emoe::test::TempDir tmp;
-  auto cfg = emoe::load_run_config("", {"model=" + stories, "objective=instruction", "instruct_data=" + alpaca,
-                                        "mmlu_dir=" + mmlu, "mmlu_max_questions=12", "mmlu_shots=1",
-                                        "method=emoe", "moe.experts=4", "moe.topk=2", "moe.layers=[1,3]",
-                                        "train.max_train_examples=40", "train.batch_size=8",
-                                        "train.epochs=1", "train.max_length=256", "train.lr=1e-3",
-                                        "output=" + tmp.file("alpaca")});
+  auto cfg = emoe::load_run_config(
+      "",
+      {"model=" + stories, "objective=instruction", "instruct_data=" + alpaca, "mmlu_dir=" + mmlu,
+       "mmlu_max_questions=12", "mmlu_shots=1", "method=emoe", "moe.experts=4", "moe.topk=2",
+       "moe.layers=[1,3]", "train.max_train_examples=40", "train.batch_size=8", "train.epochs=1",
+       "train.max_length=256", "train.lr=1e-3", "output=" + tmp.file("alpaca")});
   auto r = emoe::run_training(cfg, false);
   const auto& best = r.results["best"];
   EXPECT_GT(best["dev"]["loss"].get<double>(), 0.0);
@@ -140,7 +148,8 @@ TEST(TrainE2E, InstructionTuningWithMmluScoring) {
 TEST(Train, DivergenceStopsCleanlyAndCheckpointsStayFinite) {
   EMOE_REQUIRE_SHARED(stories, "models/stories260K/hf");
   emoe::test::TempDir tmp;
-  auto cfg = tiny_run(stories, "full", tmp.file("run"), {"train.lr=1e12", "train.save_every=1", "train.grad_clip=0"});
+  auto cfg = tiny_run(stories, "full", tmp.file("run"),
+                      {"train.lr=1e12", "train.save_every=1", "train.grad_clip=0"});
   try {
     emoe::run_training(cfg, false);
     FAIL() << "a learning rate of 1e12 trained without diverging";
@@ -180,12 +189,13 @@ TEST(Train, NonFiniteStepsAreSkippedByPolicy) {
   EMOE_REQUIRE_SHARED(stories, "models/stories260K/hf");
   emoe::test::TempDir tmp;
   auto cfg = tiny_run(stories, "full", tmp.file("run"),
-                      {"train.lr=1e12", "train.save_every=1", "train.grad_clip=0", "train.nonfinite=skip",
-                       "save_best=false"});
+                      {"train.lr=1e12", "train.save_every=1", "train.grad_clip=0",
+                       "train.nonfinite=skip", "save_best=false"});
   auto r = emoe::run_training(cfg, false);
   EXPECT_GT(r.results["skipped_steps"].get<int64_t>(), 0);
   EXPECT_LE(r.results["skipped_steps"].get<int64_t>(), r.results["steps"].get<int64_t>());
   for (const auto& [name, t] : checkpoint_weights(tmp.file("run")))
     EXPECT_TRUE(torch::isfinite(t).all().item<bool>()) << name;
-  EXPECT_THROW(tiny_run(stories, "full", tmp.file("x"), {"train.nonfinite=ignore"}).validate(), emoe::InputError);
+  EXPECT_THROW(tiny_run(stories, "full", tmp.file("x"), {"train.nonfinite=ignore"}).validate(),
+               emoe::InputError);
 }

@@ -40,7 +40,8 @@ TEST(BertGolden, SequenceClassificationLogitsAndLoss) {
   auto out = model->forward(in);
   EXPECT_LT(max_abs_diff(out.logits, fx["logits"]), emoe::test::kGoldenTol);
   EXPECT_LT(max_abs_diff(out.loss, fx["loss"]), emoe::test::kGoldenTol);
-  EXPECT_LT(max_abs_diff(torch::stack(out.hidden_states), fx["hidden_states"]), emoe::test::kGoldenTol);
+  EXPECT_LT(max_abs_diff(torch::stack(out.hidden_states), fx["hidden_states"]),
+            emoe::test::kGoldenTol);
 }
 
 TEST(BertGolden, BertMiniMaskedLm) {
@@ -59,7 +60,9 @@ TEST(BertGolden, BertMiniMaskedLm) {
   EXPECT_LT(emoe::test::max_abs_diff_masked(out.logits, fx["logits"], m), emoe::test::kGoldenTol);
   auto hs = torch::stack(out.hidden_states);
   for (int64_t l = 0; l < hs.size(0); ++l)
-    EXPECT_LT(emoe::test::max_abs_diff_masked(hs[l], fx["hidden_states"][l], m), emoe::test::kGoldenTol) << "layer " << l;
+    EXPECT_LT(emoe::test::max_abs_diff_masked(hs[l], fx["hidden_states"][l], m),
+              emoe::test::kGoldenTol)
+        << "layer " << l;
 
   emoe::ModelInputs pair;
   pair.input_ids = fx["pair.input_ids"];

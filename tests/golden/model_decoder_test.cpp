@@ -1,13 +1,14 @@
-// Golden tests: tiny GPT-2, Llama, Qwen2, Qwen3, Mistral and Llama 3 models against Hugging Face transformers' outputs.
+// Golden tests: tiny GPT-2, Llama, Qwen2, Qwen3, Mistral and Llama 3 models against Hugging Face
+// transformers' outputs.
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
 #include "emoe/io/safetensors.h"
 #include "emoe/models/generate.h"
 #include "emoe/models/llama.h"
 #include "emoe/models/loader.h"
 #include "support/test_support.h"
-
-#include <filesystem>
-#include <fstream>
-#include <functional>
 
 using emoe::test::max_abs_diff;
 using emoe::test::max_abs_diff_masked;
@@ -32,7 +33,9 @@ void check_lm_fixture(const std::string& dir) {
     EXPECT_LT(max_abs_diff_masked(out.logits, fx[side + ".logits"], m), emoe::test::kGoldenTol);
     auto hs = torch::stack(out.hidden_states);
     for (int64_t l = 0; l < hs.size(0); ++l)
-      EXPECT_LT(max_abs_diff_masked(hs[l], fx[side + ".hidden_states"][l], m), emoe::test::kGoldenTol) << "hidden " << l;
+      EXPECT_LT(max_abs_diff_masked(hs[l], fx[side + ".hidden_states"][l], m),
+                emoe::test::kGoldenTol)
+          << "hidden " << l;
     EXPECT_LT(max_abs_diff(out.loss, fx[side + ".loss_masked"]), emoe::test::kGoldenTol);
     if (side == "right") {
       in.labels = fx["right.input_ids"];
@@ -62,7 +65,8 @@ void check_lm_fixture(const std::string& dir) {
     auto params = model->parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       ASSERT_EQ(params[i].grad().defined(), ref_grads[i].defined()) << i;
-      if (ref_grads[i].defined()) EXPECT_LT(max_abs_diff(params[i].grad(), ref_grads[i]), 1e-5) << "parameter " << i;
+      if (ref_grads[i].defined())
+        EXPECT_LT(max_abs_diff(params[i].grad(), ref_grads[i]), 1e-5) << "parameter " << i;
       params[i].mutable_grad() = torch::Tensor();
     }
   }
@@ -78,7 +82,8 @@ void check_lm_fixture(const std::string& dir) {
   auto bp = fx["gen_batch_left.input_ids"];
   g.max_new_tokens = fx["gen_batch_left.output_ids"].size(1) - bp.size(1);
   auto bids = emoe::generate(*model, bp, fx["gen_batch_left.attention_mask"], g);
-  EXPECT_TRUE(torch::equal(bids, fx["gen_batch_left.output_ids"])) << bids << fx["gen_batch_left.output_ids"];
+  EXPECT_TRUE(torch::equal(bids, fx["gen_batch_left.output_ids"]))
+      << bids << fx["gen_batch_left.output_ids"];
   // without the KV cache the same tokens come out
   g.use_cache = false;
   auto nocache = emoe::generate(*model, bp, fx["gen_batch_left.attention_mask"], g);
@@ -178,7 +183,7 @@ namespace {
 
 // A fixture's model with config.json edited (same weights), on the CPU.
 emoe::ModelPtr model_with(const std::string& dir, const emoe::test::TempDir& tmp,
-                            const std::function<void(nlohmann::json&)>& edit) {
+                          const std::function<void(nlohmann::json&)>& edit) {
   auto j = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
   edit(j);
   std::ofstream(tmp.file("config.json")) << j.dump();

@@ -57,7 +57,8 @@ TEST(StoriesGolden, FivePromptsLogitsAndContinuations) {
   in.attention_mask = fx["batch_left.attention_mask"];
   in.position_ids = fx["batch_left.position_ids"];
   auto m = fx["batch_left.attention_mask"];
-  EXPECT_LT(emoe::test::max_abs_diff_masked(model->forward(in).logits, fx["batch_left.logits"], m), 1e-4);
+  EXPECT_LT(emoe::test::max_abs_diff_masked(model->forward(in).logits, fx["batch_left.logits"], m),
+            1e-4);
   emoe::GenerateOptions g;
   g.max_new_tokens = fx["batch_left.generated_ids"].size(1) - in.input_ids.size(1);
   auto ids = emoe::generate(*model, in.input_ids, m, g);

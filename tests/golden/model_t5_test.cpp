@@ -470,12 +470,13 @@ TEST(T5Generate, BeamSearchWithAllTokensAsBeamsFindsTheExhaustiveBest) {
     auto model = emoe::test::load_test_model(dir);
     torch::NoGradGuard g;
     auto ids = fx["input_ids"], mask = fx["attention_mask"];
-    const int64_t vocab = model->forward([&] {
-                                   emoe::ModelInputs in;
-                                   in.input_ids = ids.narrow(0, 0, 1);
-                                   in.decoder_input_ids = torch::zeros({1, 1}, ids.options());
-                                   return in;
-                                 }())
+    const int64_t vocab = model
+                              ->forward([&] {
+                                emoe::ModelInputs in;
+                                in.input_ids = ids.narrow(0, 0, 1);
+                                in.decoder_input_ids = torch::zeros({1, 1}, ids.options());
+                                return in;
+                              }())
                               .logits.size(-1);
     for (int64_t eos : {int64_t{1}, frequent}) {
       for (int64_t r = 0; r < ids.size(0); ++r) {
@@ -485,11 +486,11 @@ TEST(T5Generate, BeamSearchWithAllTokensAsBeamsFindsTheExhaustiveBest) {
         // every [start, a] at once: position 0 gives the first token's, position 1 the second's
         emoe::ModelInputs in;
         in.input_ids = row_ids.unsqueeze(0).expand({vocab, len}).contiguous();
-        in.decoder_input_ids =
-            torch::stack({torch::zeros({vocab}, ids.options()), torch::arange(vocab, ids.options())}, 1);
+        in.decoder_input_ids = torch::stack(
+            {torch::zeros({vocab}, ids.options()), torch::arange(vocab, ids.options())}, 1);
         auto logp = torch::log_softmax(model->forward(in).logits.to(torch::kDouble), -1);
         auto lp1 = logp[0][0];
-        auto lp2 = logp.select(1, 1);  // [a, b]
+        auto lp2 = logp.select(1, 1);           // [a, b]
         double best = lp1[eos].item<double>();  // [start, eos]: length 1
         for (int64_t a = 0; a < vocab; ++a) {
           if (a == eos) continue;
@@ -532,8 +533,9 @@ TEST(T5Model, PeftDefaultsAdaptSelfAndCrossAttentionAndTheFfnOutput) {
                                                                : 16u)
         << fmt::format("{}", fmt::join(adapted, " "));
     if (m == emoe::PeftMethod::kMolora)
-      EXPECT_NE(std::find(adapted.begin(), adapted.end(), "encoder.block.0.layer.1.DenseReluDense.wi_1"),
-                adapted.end());
+      EXPECT_NE(
+          std::find(adapted.begin(), adapted.end(), "encoder.block.0.layer.1.DenseReluDense.wi_1"),
+          adapted.end());
     EXPECT_NE(
         std::find(adapted.begin(), adapted.end(), "decoder.block.1.layer.1.EncDecAttention.v"),
         adapted.end());

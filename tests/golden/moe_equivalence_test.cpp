@@ -1,9 +1,9 @@
 // EMoE exactness on real architectures: k = N equals dense, recomposition, permutation round trip,
 // masked vs dispatched agreement (outputs and gradients), GMoE with k = N equals dense.
 #include "emoe/io/safetensors.h"
+#include "emoe/methods/model_folder.h"
 #include "emoe/models/loader.h"
 #include "emoe/moe/convert.h"
-#include "emoe/methods/model_folder.h"
 #include "support/test_support.h"
 
 using emoe::test::max_abs_diff_masked;
@@ -11,18 +11,14 @@ using emoe::test::max_abs_diff_masked;
 namespace {
 
 struct Case {
-  std::string dir;      // under ../shared
+  std::string dir;  // under ../shared
   int64_t experts;
 };
 
-const std::vector<Case> kCases = {{"fixtures/tiny/bert_seqcls", 4},
-                                  {"fixtures/tiny/gpt2_lm", 4},
-                                  {"fixtures/tiny/llama_lm", 4},
-                                  {"fixtures/tiny/llama3_lm", 4},
-                                  {"fixtures/tiny/mistral_lm", 4},
-                                  {"fixtures/tiny/qwen2_lm", 4},
-                                  {"fixtures/tiny/qwen3_lm", 4},
-                                  {"models/stories260K/hf", 4}};
+const std::vector<Case> kCases = {{"fixtures/tiny/bert_seqcls", 4}, {"fixtures/tiny/gpt2_lm", 4},
+                                  {"fixtures/tiny/llama_lm", 4},    {"fixtures/tiny/llama3_lm", 4},
+                                  {"fixtures/tiny/mistral_lm", 4},  {"fixtures/tiny/qwen2_lm", 4},
+                                  {"fixtures/tiny/qwen3_lm", 4},    {"models/stories260K/hf", 4}};
 
 // A right-padded batch of random ids with a few pads, valid for every model here.
 emoe::ModelInputs batch(int64_t vocab, uint64_t seed) {
@@ -75,11 +71,13 @@ TEST(MoeEquivalence, EmoeWithKEqualsNReproducesDense) {
     torch::NoGradGuard g;
     auto dense = output_of(*model, in);
     auto before = emoe::count_parameters(*model);
-    auto state = emoe::convert_to_moe(*model, emoe_config(c.experts, c.experts, all_layers(*model)));
+    auto state =
+        emoe::convert_to_moe(*model, emoe_config(c.experts, c.experts, all_layers(*model)));
     EXPECT_EQ(emoe::count_parameters(*model).total, before.total) << "EMoE adds no parameters";
     auto masked = output_of(*model, in);
     EXPECT_LT(max_abs_diff_masked(masked, dense, in.attention_mask), 1e-6);
-    for (auto* p : emoe::moe_plugs(*model)) p->mutable_config().execution = emoe::Execution::kDispatched;
+    for (auto* p : emoe::moe_plugs(*model))
+      p->mutable_config().execution = emoe::Execution::kDispatched;
     auto dispatched = output_of(*model, in);
     EXPECT_LT(max_abs_diff_masked(dispatched, dense, in.attention_mask), 1e-5);
   }
@@ -110,7 +108,8 @@ TEST(MoeEquivalence, RecomposedDenseReproducesPerturbedMoe) {
     SCOPED_TRACE(c.dir);
     EMOE_REQUIRE_SHARED(dir, c.dir);
     auto model = load_f64(dir);
-    auto state = emoe::convert_to_moe(*model, emoe_config(c.experts, c.experts, all_layers(*model)));
+    auto state =
+        emoe::convert_to_moe(*model, emoe_config(c.experts, c.experts, all_layers(*model)));
     torch::NoGradGuard g;
     torch::manual_seed(5);
     for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.01);  // "fine-tuning"
@@ -149,14 +148,16 @@ TEST(MoeEquivalence, MaskedAndDispatchedAgreeOnOutputsAndGradients) {
         auto out = output_of(*model, in);
         (out * out.detach().sin()).sum().backward();  // a loss with non-trivial gradients
         std::vector<torch::Tensor> grads;
-        for (auto& p : model->parameters()) grads.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+        for (auto& p : model->parameters())
+          grads.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
         return std::make_pair(out.detach(), grads);
       };
       auto [om, gm] = run(emoe::Execution::kMasked);
       auto [od, gd] = run(emoe::Execution::kDispatched);
       EXPECT_LT(max_abs_diff_masked(od, om, in.attention_mask), 1e-5);
       double gmax = 0;
-      for (size_t i = 0; i < gm.size(); ++i) gmax = std::max(gmax, emoe::test::max_abs_diff(gm[i], gd[i]));
+      for (size_t i = 0; i < gm.size(); ++i)
+        gmax = std::max(gmax, emoe::test::max_abs_diff(gm[i], gd[i]));
       EXPECT_LT(gmax, 1e-5) << emoe::to_string(method);
     }
   }

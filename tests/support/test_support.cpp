@@ -1,8 +1,6 @@
 // Implementation of the test helpers.
 #include "support/test_support.h"
 
-#include <nlohmann/json.hpp>
-
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
@@ -21,8 +20,12 @@
 namespace emoe::test {
 namespace fs = std::filesystem;
 
-std::string source_dir() { return EMOE_SOURCE_DIR; }
-std::string emoe_binary() { return EMOE_BINARY; }
+std::string source_dir() {
+  return EMOE_SOURCE_DIR;
+}
+std::string emoe_binary() {
+  return EMOE_BINARY;
+}
 
 bool under_ci() {
   const char* ci = std::getenv("CI");
@@ -108,14 +111,17 @@ std::map<std::string, torch::Tensor> load_fixture(const std::string& path) {
 }
 
 ModelInputs on_test_device(ModelInputs in) {
-  for (auto* t : {&in.input_ids, &in.attention_mask, &in.token_type_ids, &in.position_ids, &in.labels,
-                  &in.decoder_input_ids, &in.decoder_attention_mask, &in.encoder_last_hidden_state})
+  for (auto* t :
+       {&in.input_ids, &in.attention_mask, &in.token_type_ids, &in.position_ids, &in.labels,
+        &in.decoder_input_ids, &in.decoder_attention_mask, &in.encoder_last_hidden_state})
     if (t->defined()) *t = t->to(test_device());
   return in;
 }
 
 namespace {
-torch::Tensor cpu_double(const torch::Tensor& t) { return t.to(torch::kCPU, torch::kDouble); }
+torch::Tensor cpu_double(const torch::Tensor& t) {
+  return t.to(torch::kCPU, torch::kDouble);
+}
 }  // namespace
 
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
@@ -132,11 +138,13 @@ double max_abs_diff_masked(const torch::Tensor& a, const torch::Tensor& b,
 }
 
 ModelPtr tiny_bert_classifier() {
-  nlohmann::json j = {{"model_type", "bert"}, {"hidden_size", 16}, {"intermediate_size", 32},
-                      {"num_hidden_layers", 2}, {"num_attention_heads", 2}, {"vocab_size", 50},
+  nlohmann::json j = {{"model_type", "bert"},         {"hidden_size", 16},
+                      {"intermediate_size", 32},      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 2},     {"vocab_size", 50},
                       {"max_position_embeddings", 32}};
   torch::manual_seed(0);
-  auto m = emoe::create_model(emoe::JsonFields(j, "config.json"), emoe::Head::kSequenceClassification, 2);
+  auto m = emoe::create_model(emoe::JsonFields(j, "config.json"),
+                              emoe::Head::kSequenceClassification, 2);
   torch::NoGradGuard g;
   for (auto& p : m->parameters()) p.normal_(0, 0.3);
   return m;
@@ -147,7 +155,8 @@ std::vector<double> train_losses(const std::string& run_dir) {
   std::ifstream in(run_dir + "/metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line, nullptr, false);  // a line still being written is skipped
-    if (!j.is_discarded() && j["type"] == "train" && j["loss"].is_number()) out.push_back(j["loss"].get<double>());
+    if (!j.is_discarded() && j["type"] == "train" && j["loss"].is_number())
+      out.push_back(j["loss"].get<double>());
   }
   return out;
 }

@@ -42,7 +42,8 @@ struct CommandResult {
 // Runs `emoe <args>` through the shell (args are passed verbatim), capturing both streams.
 CommandResult run_emoe(const std::string& args, const std::string& stdin_text = "");
 
-// The "loss" of every "train" record in RUN/metrics.jsonl, in order (a half-written last line is skipped).
+// The "loss" of every "train" record in RUN/metrics.jsonl, in order (a half-written last line is
+// skipped).
 std::vector<double> train_losses(const std::string& run_dir);
 
 // A seeded 2-layer BERT sequence classifier (hidden 16, d_ff 32, 2 labels) with N(0, 0.3) weights.
@@ -71,12 +72,12 @@ double max_abs_diff_masked(const torch::Tensor& a, const torch::Tensor& b,
 }  // namespace emoe::test
 
 // Skips the test (or fails it under CI) when ../shared/<rel> is missing; else sets `var`.
-#define EMOE_REQUIRE_SHARED(var, rel)                                                  \
-  std::string var = ::emoe::test::shared_path(rel);                                    \
-  if (var.empty()) {                                                                   \
-    if (::emoe::test::under_ci()) {                                                    \
-      FAIL() << "../shared/" << (rel) << " is missing, and CI=true requires it";       \
-    } else {                                                                           \
+#define EMOE_REQUIRE_SHARED(var, rel)                                                    \
+  std::string var = ::emoe::test::shared_path(rel);                                      \
+  if (var.empty()) {                                                                     \
+    if (::emoe::test::under_ci()) {                                                      \
+      FAIL() << "../shared/" << (rel) << " is missing, and CI=true requires it";         \
+    } else {                                                                             \
       GTEST_SKIP() << "../shared/" << (rel) << " not found: test needs the shared data"; \
-    }                                                                                  \
+    }                                                                                    \
   }

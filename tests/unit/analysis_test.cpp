@@ -5,12 +5,12 @@
 
 #include "emoe/analysis/flops.h"
 #include "emoe/analysis/plot.h"
-#include "emoe/moe/prune.h"
 #include "emoe/analysis/report.h"
-#include "emoe/moe/usage.h"
 #include "emoe/core/error.h"
 #include "emoe/models/loader.h"
 #include "emoe/moe/convert.h"
+#include "emoe/moe/prune.h"
+#include "emoe/moe/usage.h"
 #include "support/test_support.h"
 
 namespace {
@@ -29,7 +29,9 @@ emoe::ModelSummary analysis_summary(const std::string& type) {
   return s;
 }
 
-emoe::ModelPtr analysis_bert() { return emoe::test::tiny_bert_classifier(); }
+emoe::ModelPtr analysis_bert() {
+  return emoe::test::tiny_bert_classifier();
+}
 
 }  // namespace
 
@@ -180,7 +182,8 @@ TEST(Usage, RecorderCountsRealTokensAndRoundTrips) {
   model->forward(in);
   usage.snapshot(1, "dev", false);
   for (const auto& snap : usage.snapshots())
-    for (const auto& c : snap.counts) EXPECT_DOUBLE_EQ(std::accumulate(c.begin(), c.end(), 0.0), 8 * 2);
+    for (const auto& c : snap.counts)
+      EXPECT_DOUBLE_EQ(std::accumulate(c.begin(), c.end(), 0.0), 8 * 2);
   emoe::test::TempDir tmp;
   usage.save(tmp.path());
   auto back = emoe::UsageRecorder::load(tmp.file("usage.json"));

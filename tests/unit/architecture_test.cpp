@@ -1,12 +1,13 @@
 // Architecture traits: every registered family declares each trait, and the traits describe the
 // models the family builds (targets exist, fused projections and layers are where they say).
+#include "emoe/models/architecture.h"
+
 #include <gtest/gtest.h>
 
 #include <set>
 
 #include "emoe/core/error.h"
 #include "emoe/io/hf_config.h"
-#include "emoe/models/architecture.h"
 #include "emoe/models/loader.h"
 #include "emoe/peft/peft.h"
 #include "emoe/peft/targets.h"

@@ -163,7 +163,8 @@ TEST(FuzzRegression, DeepJsonNesting) {
   const std::string deep = fuzzrepro_nested(200000);
   emoe::test::TempDir dir;
   {  // safetensors header: a shape of nested arrays
-    const std::string header = "{\"t\":{\"dtype\":\"F32\",\"shape\":" + deep + ",\"data_offsets\":[0,0]}}";
+    const std::string header =
+        "{\"t\":{\"dtype\":\"F32\",\"shape\":" + deep + ",\"data_offsets\":[0,0]}}";
     std::string bytes(8, '\0');
     for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
     fuzzrepro_write(dir.file("st/model.safetensors"), bytes + header);

@@ -1,34 +1,34 @@
 // The hot-loop kernels against their plain definitions: grouped expert GEMMs, the parallel
 // dropout, the fused AdamW step, fused q/k/v projections and mixed-precision scopes.
+#include <ATen/autocast_mode.h>
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <ATen/autocast_mode.h>
-
 #include "emoe/core/error.h"
-#include "emoe/models/dropout.h"
+#include "emoe/core/runtime.h"
 #include "emoe/models/activation.h"
+#include "emoe/models/attention.h"
+#include "emoe/models/dropout.h"
 #include "emoe/models/linear.h"
+#include "emoe/models/lm_loss.h"
 #include "emoe/models/loader.h"
+#include "emoe/models/matmul.h"
+#include "emoe/models/model.h"
 #include "emoe/moe/convert.h"
 #include "emoe/moe/expert_ffn.h"
 #include "emoe/moe/expert_kernels.h"
 #include "emoe/moe/segment_linear.h"
 #include "emoe/train/optim.h"
 #include "emoe/train/precision.h"
-#include "emoe/core/runtime.h"
-#include "emoe/models/matmul.h"
-#include "emoe/models/lm_loss.h"
-#include "emoe/models/attention.h"
-#include "emoe/models/model.h"
-#include <c10/core/CPUAllocator.h>
 #include "support/test_support.h"
 
 namespace {
 
 // segment j of x times block j of w (the definition), with autograd through narrow()
-torch::Tensor kernels_reference(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                                const std::vector<int64_t>& counts, int64_t block_dim) {
+torch::Tensor kernels_reference(const torch::Tensor& x, const torch::Tensor& w,
+                                const torch::Tensor& b, const std::vector<int64_t>& counts,
+                                int64_t block_dim) {
   const int64_t e = static_cast<int64_t>(counts.size()), s = w.size(block_dim) / e;
   std::vector<torch::Tensor> parts;
   int64_t off = 0;
@@ -44,19 +44,20 @@ torch::Tensor kernels_reference(const torch::Tensor& x, const torch::Tensor& w, 
 // the dispatched experts by their definition: each routed row through its expert's weight blocks
 // with plain autograd operations, scaled by its weight and summed into its token's output
 torch::Tensor kernels_expert_reference(const torch::Tensor& x, const torch::Tensor& tokens,
-                                       const std::vector<int64_t>& counts, const torch::Tensor& weights,
-                                       const torch::Tensor& w_in, const torch::Tensor& b_in,
-                                       const torch::Tensor& w_up, const torch::Tensor& w_out,
-                                       emoe::Activation act) {
+                                       const std::vector<int64_t>& counts,
+                                       const torch::Tensor& weights, const torch::Tensor& w_in,
+                                       const torch::Tensor& b_in, const torch::Tensor& w_up,
+                                       const torch::Tensor& w_out, emoe::Activation act) {
   const int64_t e = static_cast<int64_t>(counts.size()), s = w_in.size(0) / e;
   auto out = torch::zeros_like(x);
   int64_t off = 0;
   for (int64_t j = 0; j < e; ++j) {
     auto idx = tokens.narrow(0, off, counts[j]);
     auto xj = x.index_select(0, idx);
-    auto h = emoe::activate(torch::linear(xj, w_in.narrow(0, j * s, s),
-                                          b_in.defined() ? b_in.narrow(0, j * s, s) : torch::Tensor()),
-                            act);
+    auto h =
+        emoe::activate(torch::linear(xj, w_in.narrow(0, j * s, s),
+                                     b_in.defined() ? b_in.narrow(0, j * s, s) : torch::Tensor()),
+                       act);
     if (w_up.defined()) h = h * torch::linear(xj, w_up.narrow(0, j * s, s));
     auto y = torch::linear(h, w_out.narrow(1, j * s, s));
     if (weights.defined()) y = y * weights.narrow(0, off, counts[j]).unsqueeze(1);
@@ -88,10 +89,12 @@ TEST(ExpertFfn, DispatchedMatchesTheDefinitionInValuesAndEveryGradient) {
         for (bool bias : {false, true}) {
           // experts gathered one group for all, one expert per group, or about two per group
           const int64_t group_bytes = bias ? (weighted ? 1 : int64_t{16} << 20) : 10 * d * 8;
-          SCOPED_TRACE(emoe::activation_name(act) + (gated ? " gated" : "") + (weighted ? " weighted" : "") +
-                       (bias ? " bias" : "") + " group bytes " + std::to_string(group_bytes));
+          SCOPED_TRACE(emoe::activation_name(act) + (gated ? " gated" : "") +
+                       (weighted ? " weighted" : "") + (bias ? " bias" : "") + " group bytes " +
+                       std::to_string(group_bytes));
           auto x = torch::randn({n, d}, torch::kDouble), go = torch::randn({n, d}, torch::kDouble);
-          auto w_in = torch::randn({e * s, d}, torch::kDouble), w_out = torch::randn({d, e * s}, torch::kDouble);
+          auto w_in = torch::randn({e * s, d}, torch::kDouble),
+               w_out = torch::randn({d, e * s}, torch::kDouble);
           auto b_in = bias ? torch::randn({e * s}, torch::kDouble) : torch::Tensor();
           auto w_up = gated ? torch::randn({e * s, d}, torch::kDouble) : torch::Tensor();
           auto weights = weighted ? torch::rand({17}, torch::kDouble) : torch::Tensor();
@@ -99,12 +102,17 @@ TEST(ExpertFfn, DispatchedMatchesTheDefinitionInValuesAndEveryGradient) {
             auto leaf = [](const torch::Tensor& t) {
               return t.defined() ? t.clone().requires_grad_(true) : torch::Tensor();
             };
-            auto xx = leaf(x), wi = leaf(w_in), bi = leaf(b_in), wu = leaf(w_up), wo = leaf(w_out), ww = leaf(weights);
-            auto y = ours ? emoe::dispatched_expert_ffn(xx, tokens, counts, ww, wi, bi, wu, wo, act, group_bytes)
+            auto xx = leaf(x), wi = leaf(w_in), bi = leaf(b_in), wu = leaf(w_up), wo = leaf(w_out),
+                 ww = leaf(weights);
+            auto y = ours ? emoe::dispatched_expert_ffn(xx, tokens, counts, ww, wi, bi, wu, wo, act,
+                                                        group_bytes)
                           : kernels_expert_reference(xx, tokens, counts, ww, wi, bi, wu, wo, act);
             (y * go).sum().backward();
-            auto grad = [](const torch::Tensor& t) { return t.defined() ? t.grad() : torch::zeros({1}); };
-            return std::vector<torch::Tensor>{y.detach(), grad(xx), grad(wi), grad(bi), grad(wu), grad(wo), grad(ww)};
+            auto grad = [](const torch::Tensor& t) {
+              return t.defined() ? t.grad() : torch::zeros({1});
+            };
+            return std::vector<torch::Tensor>{y.detach(), grad(xx), grad(wi), grad(bi),
+                                              grad(wu),   grad(wo), grad(ww)};
           };
           auto ours = run(true), ref = run(false);
           for (size_t i = 0; i < ours.size(); ++i) {
@@ -117,13 +125,18 @@ TEST(ExpertFfn, DispatchedMatchesTheDefinitionInValuesAndEveryGradient) {
         }
   // frozen weights (LoRA beside EMoE): only x gets a gradient, the same one
   auto x = torch::randn({n, d}, torch::kDouble).requires_grad_(true);
-  auto w_in = torch::randn({e * s, d}, torch::kDouble), w_out = torch::randn({d, e * s}, torch::kDouble);
-  auto y = emoe::dispatched_expert_ffn(x, tokens, counts, {}, w_in, {}, {}, w_out, emoe::Activation::kGeluErf);
+  auto w_in = torch::randn({e * s, d}, torch::kDouble),
+       w_out = torch::randn({d, e * s}, torch::kDouble);
+  auto y = emoe::dispatched_expert_ffn(x, tokens, counts, {}, w_in, {}, {}, w_out,
+                                       emoe::Activation::kGeluErf);
   y.sum().backward();
   auto x2 = x.detach().clone().requires_grad_(true);
-  kernels_expert_reference(x2, tokens, counts, {}, w_in, {}, {}, w_out, emoe::Activation::kGeluErf).sum().backward();
+  kernels_expert_reference(x2, tokens, counts, {}, w_in, {}, {}, w_out, emoe::Activation::kGeluErf)
+      .sum()
+      .backward();
   EXPECT_LT(emoe::test::max_abs_diff(x.grad(), x2.grad()), 1e-10);
-  EXPECT_THROW(emoe::dispatched_expert_ffn(x, tokens, {7, 4, 6}, {}, w_in, {}, {}, w_out, emoe::Activation::kRelu),
+  EXPECT_THROW(emoe::dispatched_expert_ffn(x, tokens, {7, 4, 6}, {}, w_in, {}, {}, w_out,
+                                           emoe::Activation::kRelu),
                emoe::UsageError);
 }
 
@@ -144,7 +157,8 @@ TEST(ExpertFfn, Float32RegisterTileKernelsMatchTheDefinitionAndTheLibraryPath) {
     for (bool gated : {false, true})
       for (bool weighted : {false, true}) {
         const bool bias = !gated;
-        SCOPED_TRACE("s " + std::to_string(s) + (gated ? " gated" : "") + (weighted ? " weighted" : ""));
+        SCOPED_TRACE("s " + std::to_string(s) + (gated ? " gated" : "") +
+                     (weighted ? " weighted" : ""));
         const auto act = gated ? emoe::Activation::kSilu : emoe::Activation::kGeluErf;
         auto x = torch::randn({n, d}), go = torch::randn({n, d});
         auto w_in = torch::randn({e * s, d}) * 0.3, w_out = torch::randn({d, e * s}) * 0.3;
@@ -158,22 +172,31 @@ TEST(ExpertFfn, Float32RegisterTileKernelsMatchTheDefinitionAndTheLibraryPath) {
             auto c = (mode == 0 ? t.to(torch::kDouble) : t).clone();
             return grad ? c.requires_grad_(true) : c;
           };
-          auto xx = leaf(x, x_grad), wi = leaf(w_in, w_grad), bi = leaf(b_in, w_grad), wu = leaf(w_up, w_grad),
-               wo = leaf(w_out, w_grad), ww = leaf(weights, w_grad);
+          auto xx = leaf(x, x_grad), wi = leaf(w_in, w_grad), bi = leaf(b_in, w_grad),
+               wu = leaf(w_up, w_grad), wo = leaf(w_out, w_grad), ww = leaf(weights, w_grad);
           const bool before = emoe::set_expert_kernels(mode == 1);
-          auto y = mode == 0 ? kernels_expert_reference(xx, tokens, counts, ww, wi, bi, wu, wo, act)
-                             : emoe::dispatched_expert_ffn(xx, tokens, counts, ww, wi, bi, wu, wo, act);
+          auto y = mode == 0
+                       ? kernels_expert_reference(xx, tokens, counts, ww, wi, bi, wu, wo, act)
+                       : emoe::dispatched_expert_ffn(xx, tokens, counts, ww, wi, bi, wu, wo, act);
           (y * go.to(y.scalar_type())).sum().backward();
           emoe::set_expert_kernels(before);
           auto grad = [](const torch::Tensor& t) {
-            return t.defined() && t.grad().defined() ? t.grad().to(torch::kDouble) : torch::zeros({1}, torch::kDouble);
+            return t.defined() && t.grad().defined() ? t.grad().to(torch::kDouble)
+                                                     : torch::zeros({1}, torch::kDouble);
           };
-          return std::vector<torch::Tensor>{y.detach().to(torch::kDouble), grad(xx), grad(wi), grad(bi),
-                                            grad(wu), grad(wo), grad(ww)};
+          return std::vector<torch::Tensor>{y.detach().to(torch::kDouble),
+                                            grad(xx),
+                                            grad(wi),
+                                            grad(bi),
+                                            grad(wu),
+                                            grad(wo),
+                                            grad(ww)};
         };
-        for (auto [x_grad, w_grad] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
+        for (auto [x_grad, w_grad] :
+             {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
           SCOPED_TRACE(std::string(x_grad ? "x grad" : "") + (w_grad ? " weight grads" : ""));
-          auto ref = run(0, x_grad, w_grad), ours = run(1, x_grad, w_grad), lib = run(2, x_grad, w_grad);
+          auto ref = run(0, x_grad, w_grad), ours = run(1, x_grad, w_grad),
+               lib = run(2, x_grad, w_grad);
           for (size_t i = 0; i < ref.size(); ++i) {
             const double scale = std::max(1.0, ref[i].abs().max().item<double>());
             EXPECT_LT(emoe::test::max_abs_diff(ours[i], ref[i]) / scale, 2e-5) << i;
@@ -201,7 +224,9 @@ TEST(ExpertKernels, Bfloat16ProductsMatchFloat64) {
   const std::vector<int64_t> counts = {13, 0, 3, 17, 8};
   const int64_t e = static_cast<int64_t>(counts.size()), rows = 41;
   auto tokens = kernels_routed_tokens(n, counts);
-  auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
+  auto bits = [](const torch::Tensor& t) {
+    return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
+  };
   auto bf16 = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).contiguous(); };
   auto f64 = [](const torch::Tensor& t) { return t.to(torch::kDouble); };
   const int64_t* tok = tokens.data_ptr<int64_t>();
@@ -213,7 +238,8 @@ TEST(ExpertKernels, Bfloat16ProductsMatchFloat64) {
     auto bias = torch::randn({e * s});
     // the definition: expert j's rows of x (or h) times its block, in float64
     auto gathered = f64(x).index_select(0, tokens);  // [rows, d]
-    auto block_product = [&](const torch::Tensor& a, const torch::Tensor& w_ds, int64_t j, int64_t off) {
+    auto block_product = [&](const torch::Tensor& a, const torch::Tensor& w_ds, int64_t j,
+                             int64_t off) {
       return a.narrow(0, off, counts[j]).mm(f64(w_ds).narrow(1, j * s, s));  // w_ds [d, E·s]
     };
     for (bool neuron_rows : {true, false}) {
@@ -222,9 +248,9 @@ TEST(ExpertKernels, Bfloat16ProductsMatchFloat64) {
       auto w_ds = neuron_rows ? w_rows.t() : w_cols;  // as [d, E·s]
       // gather: c[r] = bf16(x[tokens[r]] · block_j + bias_j)
       auto c = torch::empty({rows, s}, torch::kBFloat16);
-      emoe::expert_kernels::gather_gemm_bf16(bits(x), d, d, tok, counts, s, bits(w), neuron_rows ? 1 : e * s,
-                                             neuron_rows ? d : 1, bias.data_ptr<float>(),
-                                             reinterpret_cast<uint16_t*>(c.data_ptr<at::BFloat16>()));
+      emoe::expert_kernels::gather_gemm_bf16(
+          bits(x), d, d, tok, counts, s, bits(w), neuron_rows ? 1 : e * s, neuron_rows ? d : 1,
+          bias.data_ptr<float>(), reinterpret_cast<uint16_t*>(c.data_ptr<at::BFloat16>()));
       std::vector<torch::Tensor> parts;
       for (int64_t j = 0, off = 0; j < e; off += counts[j], ++j)
         parts.push_back(block_product(gathered, w_ds, j, off) + f64(bias).narrow(0, j * s, s));
@@ -245,7 +271,8 @@ TEST(ExpertKernels, Bfloat16ProductsMatchFloat64) {
     }
     // weight gradient: block j of w = Σ_r x[tokens[r]]ᵀ h[r], zero for the row-less expert
     auto wg = torch::full({d, e * s}, 7.0f);
-    emoe::expert_kernels::gather_weight_grad_bf16(bits(x), d, d, tok, counts, s, bits(h), wg.data_ptr<float>(), e * s);
+    emoe::expert_kernels::gather_weight_grad_bf16(bits(x), d, d, tok, counts, s, bits(h),
+                                                  wg.data_ptr<float>(), e * s);
     std::vector<torch::Tensor> blocks;
     for (int64_t j = 0, off = 0; j < e; off += counts[j], ++j)
       blocks.push_back(gathered.narrow(0, off, counts[j]).t().mm(f64(h).narrow(0, off, counts[j])));
@@ -279,20 +306,27 @@ TEST(ExpertFfn, Bfloat16RegisterTileKernelsMatchTheLibraryPath) {
       // mode 0: definition in float64; 1: bf16 kernels; 2: bf16 library path
       auto run = [&](int mode) {
         auto leaf = [&](const torch::Tensor& t) {
-          return t.defined() ? (mode == 0 ? t.to(torch::kDouble) : t).clone().requires_grad_(true) : torch::Tensor();
+          return t.defined() ? (mode == 0 ? t.to(torch::kDouble) : t).clone().requires_grad_(true)
+                             : torch::Tensor();
         };
-        auto xx = leaf(x), wi = leaf(w_in), bi = leaf(b_in), wu = leaf(w_up), wo = leaf(w_out), ww = leaf(weights);
+        auto xx = leaf(x), wi = leaf(w_in), bi = leaf(b_in), wu = leaf(w_up), wo = leaf(w_out),
+             ww = leaf(weights);
         const bool before = emoe::set_expert_kernels(mode == 1);
         auto y = mode == 0 ? kernels_expert_reference(xx, tokens, counts, ww, wi, bi, wu, wo, act)
-                           : emoe::dispatched_expert_ffn(xx, tokens, counts, ww, wi, bi, wu, wo, act,
-                                                         int64_t{16} << 20, torch::kFloat);
+                           : emoe::dispatched_expert_ffn(xx, tokens, counts, ww, wi, bi, wu, wo,
+                                                         act, int64_t{16} << 20, torch::kFloat);
         (y * go.to(y.scalar_type())).sum().backward();
         emoe::set_expert_kernels(before);
         auto grad = [](const torch::Tensor& t) {
           return t.defined() ? t.grad().to(torch::kDouble) : torch::zeros({1}, torch::kDouble);
         };
-        return std::vector<torch::Tensor>{y.detach().to(torch::kDouble), grad(xx), grad(wi), grad(bi),
-                                          grad(wu), grad(wo), grad(ww)};
+        return std::vector<torch::Tensor>{y.detach().to(torch::kDouble),
+                                          grad(xx),
+                                          grad(wi),
+                                          grad(bi),
+                                          grad(wu),
+                                          grad(wo),
+                                          grad(ww)};
       };
       auto ref = run(0), ours = run(1), lib = run(2);
       ASSERT_EQ(ours[0].size(1), d);
@@ -336,23 +370,28 @@ TEST(SegmentLinear, MatchesPerExpertLinearInValuesAndGradients) {
   for (int64_t block_dim : {0, 1}) {
     SCOPED_TRACE(block_dim);
     const int64_t in = block_dim == 0 ? 6 : 4, rows = 17;
-    auto w = block_dim == 0 ? torch::randn({4 * 4, in}, torch::kDouble) : torch::randn({7, 4 * 4}, torch::kDouble);
+    auto w = block_dim == 0 ? torch::randn({4 * 4, in}, torch::kDouble)
+                            : torch::randn({7, 4 * 4}, torch::kDouble);
     auto b = block_dim == 0 ? torch::randn({16}, torch::kDouble) : torch::Tensor();
     auto x = torch::randn({rows, in}, torch::kDouble);
     auto go = torch::randn({rows, block_dim == 0 ? 4 : 7}, torch::kDouble);
     auto run = [&](bool ours) {
       auto xx = x.clone().requires_grad_(true), ww = w.clone().requires_grad_(true);
       auto bb = b.defined() ? b.clone().requires_grad_(true) : torch::Tensor();
-      auto y = ours ? emoe::segment_linear(xx, ww, bb, counts, block_dim) : kernels_reference(xx, ww, bb, counts, block_dim);
+      auto y = ours ? emoe::segment_linear(xx, ww, bb, counts, block_dim)
+                    : kernels_reference(xx, ww, bb, counts, block_dim);
       (y * go).sum().backward();
-      return std::vector<torch::Tensor>{y.detach(), xx.grad(), ww.grad(), bb.defined() ? bb.grad() : torch::zeros({1})};
+      return std::vector<torch::Tensor>{y.detach(), xx.grad(), ww.grad(),
+                                        bb.defined() ? bb.grad() : torch::zeros({1})};
     };
     auto ours = run(true), ref = run(false);
-    for (size_t i = 0; i < ours.size(); ++i) EXPECT_LT(emoe::test::max_abs_diff(ours[i], ref[i]), 1e-12) << i;
+    for (size_t i = 0; i < ours.size(); ++i)
+      EXPECT_LT(emoe::test::max_abs_diff(ours[i], ref[i]), 1e-12) << i;
     // the row-less expert's weight block has a zero gradient (not garbage)
     EXPECT_EQ(ours[2].narrow(block_dim, 4, 4).abs().max().item<double>(), 0.0);
   }
-  EXPECT_THROW(emoe::segment_linear(torch::zeros({3, 2}), torch::zeros({4, 2}), {}, {1, 1}, 0), emoe::UsageError);
+  EXPECT_THROW(emoe::segment_linear(torch::zeros({3, 2}), torch::zeros({4, 2}), {}, {1, 1}, 0),
+               emoe::UsageError);
 }
 
 TEST(Dropout, KeepsOneMinusPScalesAndIsSeededByTheGenerator) {
@@ -361,19 +400,22 @@ TEST(Dropout, KeepsOneMinusPScalesAndIsSeededByTheGenerator) {
   auto a = emoe::dropout(x, 0.1, true);
   torch::manual_seed(11);
   auto b = emoe::dropout(x, 0.1, true);
-  EXPECT_TRUE(torch::equal(a, b));                        // same generator state, same mask
+  EXPECT_TRUE(torch::equal(a, b));                             // same generator state, same mask
   EXPECT_FALSE(torch::equal(a, emoe::dropout(x, 0.1, true)));  // the next call differs
   const double kept = (a != 0).to(torch::kDouble).mean().item<double>();
-  EXPECT_NEAR(kept, 0.9, 0.002);                          // 1e6 draws: sd 3e-4
+  EXPECT_NEAR(kept, 0.9, 0.002);  // 1e6 draws: sd 3e-4
   EXPECT_NEAR(a.max().item<double>(), 1 / 0.9, 1e-6);
-  EXPECT_NEAR(a.mean().item<double>(), 1.0, 0.003);      // unbiased
+  EXPECT_NEAR(a.mean().item<double>(), 1.0, 0.003);  // unbiased
   // rows are not copies of each other (the hash mixes the index)
   EXPECT_FALSE(torch::equal(a[0], a[1]));
   // two calls draw independent masks: both drop an element with probability p^2
   auto m1 = emoe::dropout(x, 0.5, true) == 0, m2 = emoe::dropout(x, 0.5, true) == 0;
   EXPECT_NEAR((m1 & m2).to(torch::kDouble).mean().item<double>(), 0.25, 0.003);
   // and neighbouring elements within one mask too
-  EXPECT_NEAR((m1.flatten().narrow(0, 0, 999999) & m1.flatten().narrow(0, 1, 999999)).to(torch::kDouble).mean().item<double>(),
+  EXPECT_NEAR((m1.flatten().narrow(0, 0, 999999) & m1.flatten().narrow(0, 1, 999999))
+                  .to(torch::kDouble)
+                  .mean()
+                  .item<double>(),
               0.25, 0.003);
   // gradient: the same mask
   auto xg = torch::randn({64, 64}, torch::requires_grad());
@@ -394,7 +436,9 @@ TEST(Dropout, KeepsOneMinusPScalesAndIsSeededByTheGenerator) {
   auto yb = emoe::dropout(xb, 0.3, true);
   ASSERT_EQ(yb.scalar_type(), torch::kBFloat16);
   (yb * gb).sum().backward();
-  auto scaled = [&](const torch::Tensor& t) { return (t.to(torch::kFloat) * keep).to(torch::kBFloat16); };
+  auto scaled = [&](const torch::Tensor& t) {
+    return (t.to(torch::kFloat) * keep).to(torch::kBFloat16);
+  };
   EXPECT_TRUE(torch::equal(yb, torch::where(yb != 0, scaled(xb.detach()), torch::zeros_like(yb))));
   EXPECT_TRUE(torch::equal(xb.grad(), torch::where(yb != 0, scaled(gb), torch::zeros_like(gb))));
   EXPECT_NEAR((yb != 0).to(torch::kDouble).mean().item<double>(), 0.7, 0.05);
@@ -532,8 +576,9 @@ TEST(Precision, ScopeEnablesAutocastOnlyWhileAliveAndParses) {
 // weights cast once) and sum each token's experts in float32: the same numbers as the masked
 // path under the same autocast, within bfloat16's precision, in outputs and input gradients.
 TEST(ExpertFfn, DispatchedUnderAutocastMatchesMasked) {
-  nlohmann::json cfg = {{"model_type", "bert"}, {"hidden_size", 32}, {"intermediate_size", 64},
-                        {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"vocab_size", 20},
+  nlohmann::json cfg = {{"model_type", "bert"},         {"hidden_size", 32},
+                        {"intermediate_size", 64},      {"num_hidden_layers", 1},
+                        {"num_attention_heads", 2},     {"vocab_size", 20},
                         {"max_position_embeddings", 16}};
   torch::manual_seed(8);
   auto model = emoe::create_model(emoe::JsonFields(cfg, "test"), emoe::Head::kBase);
@@ -561,7 +606,8 @@ TEST(ExpertFfn, DispatchedUnderAutocastMatchesMasked) {
   auto [y_disp, g_disp] = run(emoe::Execution::kDispatched, emoe::Precision::kBf16Mixed);
   auto [y_fp32, g_fp32] = run(emoe::Execution::kDispatched, emoe::Precision::kFp32);
   EXPECT_EQ(g_disp.scalar_type(), torch::kFloat);
-  const double scale = y_fp32.abs().max().item<double>(), gscale = g_fp32.abs().max().item<double>();
+  const double scale = y_fp32.abs().max().item<double>(),
+               gscale = g_fp32.abs().max().item<double>();
   EXPECT_LT(emoe::test::max_abs_diff(y_disp, y_masked), 0.03 * scale);
   EXPECT_LT(emoe::test::max_abs_diff(g_disp, g_masked), 0.03 * gscale);
   EXPECT_LT(emoe::test::max_abs_diff(y_disp, y_fp32), 0.03 * scale);
@@ -599,17 +645,20 @@ TEST(CpuAllocator, AlignedAndReusesAFreedLargeBlock) {
 // view, attention's head-split strides, a frozen weight, a frozen input).
 TEST(Matmul, OneDnnProductsMatchAtenInValuesAndGradients) {
   torch::manual_seed(3);
-  if (!emoe::onednn_matmul_enabled(torch::zeros({1}))) GTEST_SKIP() << "float32 products use ATen here: " << emoe::matmul_backend_name();
+  if (!emoe::onednn_matmul_enabled(torch::zeros({1})))
+    GTEST_SKIP() << "float32 products use ATen here: " << emoe::matmul_backend_name();
   const int64_t before = emoe::onednn_product_count();
   auto close = [](const torch::Tensor& a, const torch::Tensor& b) {
     return emoe::test::max_abs_diff(a, b) <= 1e-4 * (1.0 + b.abs().max().item<double>());
   };
   for (bool transposed : {false, true})
     for (bool with_bias : {false, true})
-      for (int frozen = 0; frozen < 3; ++frozen) {  // 0: all train, 1: weight frozen, 2: input frozen
+      for (int frozen = 0; frozen < 3;
+           ++frozen) {  // 0: all train, 1: weight frozen, 2: input frozen
         SCOPED_TRACE(fmt::format("transposed {} bias {} frozen {}", transposed, with_bias, frozen));
         auto x = torch::randn({3, 5, 24}).requires_grad_(frozen != 2);
-        auto param = (transposed ? torch::randn({24, 40}) : torch::randn({40, 24})).requires_grad_(frozen != 1);
+        auto param = (transposed ? torch::randn({24, 40}) : torch::randn({40, 24}))
+                         .requires_grad_(frozen != 1);
         auto b = with_bias ? torch::randn({40}).requires_grad_(frozen != 1) : torch::Tensor();
         auto w = transposed ? param.t() : param;
         auto y = emoe::linear(x, w, b);
@@ -623,7 +672,8 @@ TEST(Matmul, OneDnnProductsMatchAtenInValuesAndGradients) {
         auto grads = torch::autograd::grad({y}, inputs, {g});
         auto grads_ref = torch::autograd::grad({y_ref}, inputs, {g});
         for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(close(grads[i], grads_ref[i])) << i;
-        if (param.requires_grad()) EXPECT_TRUE(grads[x.requires_grad() ? 1 : 0].is_contiguous());  // the param's layout
+        if (param.requires_grad())
+          EXPECT_TRUE(grads[x.requires_grad() ? 1 : 0].is_contiguous());  // the param's layout
       }
   // attention: q, k, v as split_heads leaves them ([B, T, H, D] viewed as [B, H, T, D])
   auto q = torch::randn({2, 7, 3, 8}).transpose(1, 2).requires_grad_(false);
@@ -665,7 +715,8 @@ TEST(Matmul, OneDnnProductsMatchAtenInValuesAndGradients) {
         emoe::gemm_out(ob, xa, wb, bias6, false, /*shapes_vary=*/true);
         EXPECT_TRUE(close(ob, torch::addmm(bias6, xa, wb)));
         auto gy = torch::randn({m, 6});
-        auto acc = torch::randn({k, 6}), expect_acc = acc + xa.t().mm(gy);  // a weight gradient's form
+        auto acc = torch::randn({k, 6}),
+             expect_acc = acc + xa.t().mm(gy);  // a weight gradient's form
         emoe::gemm_out(acc, xa.t(), gy, {}, /*accumulate=*/true, /*shapes_vary=*/true);
         EXPECT_TRUE(close(acc, expect_acc));
       }
@@ -673,11 +724,13 @@ TEST(Matmul, OneDnnProductsMatchAtenInValuesAndGradients) {
   // bfloat16 (the experts' products under autocast), sizes varying: within bf16 rounding
   const int64_t before_bf16 = emoe::onednn_product_count();
   for (int64_t m : {3, 40, 9}) {
-    auto xa = torch::randn({m, 32}).to(torch::kBFloat16), wb = torch::randn({8, 32}).to(torch::kBFloat16).t();
+    auto xa = torch::randn({m, 32}).to(torch::kBFloat16),
+         wb = torch::randn({8, 32}).to(torch::kBFloat16).t();
     auto ob = torch::empty({m, 8}, torch::kBFloat16);
     emoe::gemm_out(ob, xa, wb, {}, false, /*shapes_vary=*/true);
     auto expect_bf = xa.to(torch::kFloat).mm(wb.to(torch::kFloat));
-    EXPECT_LT(emoe::test::max_abs_diff(ob.to(torch::kFloat), expect_bf), 0.02 * (1.0 + expect_bf.abs().max().item<double>()));
+    EXPECT_LT(emoe::test::max_abs_diff(ob.to(torch::kFloat), expect_bf),
+              0.02 * (1.0 + expect_bf.abs().max().item<double>()));
   }
   if (emoe::matmul_backend_name().find("bf16") != std::string::npos)
     EXPECT_EQ(emoe::onednn_product_count(), before_bf16 + 3);
@@ -692,7 +745,8 @@ TEST(ChunkedLmLoss, MatchesCrossEntropyOfTheLogitsInValueAndGradients) {
   for (const int64_t chunk : {0, 1, 4, 5}) {  // one chunk; a row at a time; uneven chunks
     for (const bool transposed_weight : {false, true}) {
       auto hidden = torch::randn({b, t, h}, torch::requires_grad());
-      auto w = transposed_weight ? torch::randn({h, v}).t().requires_grad_(true) : torch::randn({v, h}, torch::requires_grad());
+      auto w = transposed_weight ? torch::randn({h, v}).t().requires_grad_(true)
+                                 : torch::randn({v, h}, torch::requires_grad());
       auto ref = emoe::causal_lm_loss(torch::linear(hidden, w), labels);
       ref.backward();
       auto gh = hidden.grad().clone(), gw = w.grad().clone();
@@ -715,10 +769,15 @@ TEST(ChunkedLmLoss, MatchesCrossEntropyOfTheLogitsInValueAndGradients) {
     EXPECT_FALSE(emoe::chunked_causal_lm_loss(hidden, w, labels).requires_grad());
   }
   // every label ignored: NaN, as cross_entropy's mean
-  EXPECT_TRUE(std::isnan(emoe::chunked_causal_lm_loss(hidden, w, torch::full({b, t}, -100, torch::kLong)).item<double>()));
-  EXPECT_TRUE(std::isnan(emoe::causal_lm_loss(torch::linear(hidden, w), torch::full({b, t}, -100, torch::kLong)).item<double>()));
+  EXPECT_TRUE(
+      std::isnan(emoe::chunked_causal_lm_loss(hidden, w, torch::full({b, t}, -100, torch::kLong))
+                     .item<double>()));
+  EXPECT_TRUE(std::isnan(
+      emoe::causal_lm_loss(torch::linear(hidden, w), torch::full({b, t}, -100, torch::kLong))
+          .item<double>()));
   // what it leaves to the plain path: bfloat16 tensors; float64 under autocast
-  EXPECT_FALSE(emoe::chunked_lm_loss_supported(hidden.to(torch::kBFloat16), w.to(torch::kBFloat16)));
+  EXPECT_FALSE(
+      emoe::chunked_lm_loss_supported(hidden.to(torch::kBFloat16), w.to(torch::kBFloat16)));
   // under bf16 autocast: products in bfloat16, softmax and sums in float32 — as autocast's
   // linear + cross_entropy (the logits rounded to bfloat16 either way)
   {
@@ -733,10 +792,13 @@ TEST(ChunkedLmLoss, MatchesCrossEntropyOfTheLogitsInValueAndGradients) {
       auto loss = emoe::chunked_causal_lm_loss(hd, wd, labels, chunk);
       ASSERT_EQ(loss.scalar_type(), torch::kFloat);
       auto grads = torch::autograd::grad({loss}, {hd, wd});
-      EXPECT_LT(std::abs(loss.item<double>() - ref.item<double>()), 2e-3 * std::abs(ref.item<double>())) << chunk;
+      EXPECT_LT(std::abs(loss.item<double>() - ref.item<double>()),
+                2e-3 * std::abs(ref.item<double>()))
+          << chunk;
       for (size_t i = 0; i < 2; ++i) {
         ASSERT_EQ(grads[i].scalar_type(), torch::kFloat);
-        EXPECT_LT(emoe::test::max_abs_diff(grads[i], ref_grads[i]), 2e-2 * ref_grads[i].abs().max().item<double>())
+        EXPECT_LT(emoe::test::max_abs_diff(grads[i], ref_grads[i]),
+                  2e-2 * ref_grads[i].abs().max().item<double>())
             << chunk << " " << i;
       }
       // and far from the float32 result's rounding: the products did run in bfloat16
@@ -754,8 +816,9 @@ TEST(BlockMask, NoPaddingBlocksNothingAndPaddingBlocksItsKeys) {
   const auto ones = torch::ones({2, 5}, torch::kLong);
   // no padding: nothing to block (no masked_fill in attention), causal or not
   EXPECT_FALSE(emoe::build_block_mask(ones, 5, 5, /*causal=*/false, torch::kCPU).defined());
-  EXPECT_TRUE(torch::equal(emoe::build_block_mask(ones, 3, 5, /*causal=*/true, torch::kCPU),
-                           emoe::build_block_mask(torch::Tensor(), 3, 5, /*causal=*/true, torch::kCPU)));
+  EXPECT_TRUE(
+      torch::equal(emoe::build_block_mask(ones, 3, 5, /*causal=*/true, torch::kCPU),
+                   emoe::build_block_mask(torch::Tensor(), 3, 5, /*causal=*/true, torch::kCPU)));
   // padding: the pad keys of that row are blocked for every query
   auto padded = ones.clone();
   padded.index_put_({1, 4}, 0);
@@ -764,5 +827,6 @@ TEST(BlockMask, NoPaddingBlocksNothingAndPaddingBlocksItsKeys) {
   EXPECT_EQ(m.sum().item<int64_t>(), 1);
   EXPECT_TRUE(m[1][0][0][4].item<bool>());
   // a mask of the wrong length is still rejected
-  EXPECT_ANY_THROW(emoe::build_block_mask(torch::ones({2, 4}, torch::kLong), 5, 5, false, torch::kCPU));
+  EXPECT_ANY_THROW(
+      emoe::build_block_mask(torch::ones({2, 4}, torch::kLong), 5, 5, false, torch::kCPU));
 }

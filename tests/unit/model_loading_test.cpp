@@ -50,7 +50,8 @@ TEST(ModelLoading, OneErrorListsMissingUnexpectedAndWrongShaped) {
   copy_with_edit(src, tmp.path(), [](auto& w) {
     w.erase("model.layers.1.mlp.up_proj.weight");
     w["model.layers.0.extra.weight"] = torch::zeros({2});
-    w["model.layers.0.mlp.gate_proj.weight"] = w["model.layers.0.mlp.gate_proj.weight"].t().contiguous();
+    w["model.layers.0.mlp.gate_proj.weight"] =
+        w["model.layers.0.mlp.gate_proj.weight"].t().contiguous();
   });
   std::string msg = error_of([&] { emoe::load_model(tmp.path()); });
   EXPECT_NE(msg.find("1 missing: model.layers.1.mlp.up_proj.weight"), std::string::npos) << msg;
@@ -98,7 +99,8 @@ TEST(ModelLoading, Gpt2WithoutPrefixAndWithMaskBuffersAndTiedCopy) {
 }
 
 TEST(ModelLoading, SaveAndReloadReproducesLogits) {
-  for (const char* name : {"tiny/bert_seqcls", "tiny/gpt2_lm", "tiny/llama_lm", "tiny/bert_model"}) {
+  for (const char* name :
+       {"tiny/bert_seqcls", "tiny/gpt2_lm", "tiny/llama_lm", "tiny/bert_model"}) {
     SCOPED_TRACE(name);
     EMOE_REQUIRE_SHARED(src, std::string("fixtures/") + name);
     emoe::test::TempDir tmp;
@@ -150,19 +152,31 @@ TEST(ConfigValidation, InvariantsNameBothValues) {
   emoe::test::TempDir tmp;
   auto base = nlohmann::json::parse(std::ifstream(src + "/config.json"));
   fs::copy_file(src + "/model.safetensors", tmp.file("model.safetensors"));
-  struct Case { std::function<void(nlohmann::json&)> edit; std::string expect; };
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    std::string expect;
+  };
   std::vector<Case> cases = {
-      {[](auto& j) { j["hidden_size"] = 30; }, "hidden_size 30 is not a multiple of num_attention_heads 4"},
-      {[](auto& j) { j["num_key_value_heads"] = 3; }, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"},
+      {[](auto& j) { j["hidden_size"] = 30; },
+       "hidden_size 30 is not a multiple of num_attention_heads 4"},
+      {[](auto& j) { j["num_key_value_heads"] = 3; },
+       "num_attention_heads 4 is not a multiple of num_key_value_heads 3"},
       {[](auto& j) { j["hidden_size"] = "big"; }, "field 'hidden_size': expected an integer"},
-      {[](auto& j) { j["num_hidden_layers"] = 0; }, "field 'num_hidden_layers': expected a positive integer, got 0"},
+      {[](auto& j) { j["num_hidden_layers"] = 0; },
+       "field 'num_hidden_layers': expected a positive integer, got 0"},
       {[](auto& j) { j["hidden_act"] = "swiglu9"; }, "field 'hidden_act'"},
       {[](auto& j) { j["model_type"] = "mamba"; }, "field 'model_type'"},
       // dynamic, linear and llama3 scaling are supported; YaRN is not
-      {[](auto& j) { j["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}}; }, "field 'rope_scaling'"},
-      {[](auto& j) { j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}}; },
+      {[](auto& j) {
+         j["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}};
+       },
+       "field 'rope_scaling'"},
+      {[](auto& j) {
+         j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+       },
        "llama3 scaling needs \"low_freq_factor\""},
-      {[](auto& j) { j["eos_token_id"] = 1000; }, "eos_token_id 1000 is outside the vocabulary of 100 tokens"},
+      {[](auto& j) { j["eos_token_id"] = 1000; },
+       "eos_token_id 1000 is outside the vocabulary of 100 tokens"},
   };
   for (const auto& c : cases) {
     auto j = base;
@@ -173,9 +187,11 @@ TEST(ConfigValidation, InvariantsNameBothValues) {
     EXPECT_NE(msg.find("config.json"), std::string::npos) << msg;
   }
   std::ofstream(tmp.file("config.json")) << "{\"model_type\": ";
-  EXPECT_NE(error_of([&] { emoe::load_model(tmp.path()); }).find("not valid JSON"), std::string::npos);
+  EXPECT_NE(error_of([&] { emoe::load_model(tmp.path()); }).find("not valid JSON"),
+            std::string::npos);
   fs::remove(tmp.file("config.json"));
-  EXPECT_NE(error_of([&] { emoe::load_model(tmp.path()); }).find("missing config.json"), std::string::npos);
+  EXPECT_NE(error_of([&] { emoe::load_model(tmp.path()); }).find("missing config.json"),
+            std::string::npos);
 }
 
 TEST(ConfigValidation, BertAndGpt2Invariants) {
@@ -183,11 +199,15 @@ TEST(ConfigValidation, BertAndGpt2Invariants) {
   EMOE_REQUIRE_SHARED(gpt2, "fixtures/tiny/gpt2_lm");
   auto jb = nlohmann::json::parse(std::ifstream(bert + "/config.json"));
   jb["num_attention_heads"] = 5;
-  std::string msg = error_of([&] { emoe::create_model(emoe::JsonFields(jb, "b/config.json"), emoe::Head::kBase); });
-  EXPECT_NE(msg.find("hidden_size 32 is not a multiple of num_attention_heads 5"), std::string::npos) << msg;
+  std::string msg = error_of(
+      [&] { emoe::create_model(emoe::JsonFields(jb, "b/config.json"), emoe::Head::kBase); });
+  EXPECT_NE(msg.find("hidden_size 32 is not a multiple of num_attention_heads 5"),
+            std::string::npos)
+      << msg;
   auto jg = nlohmann::json::parse(std::ifstream(gpt2 + "/config.json"));
   jg["n_head"] = 3;
-  msg = error_of([&] { emoe::create_model(emoe::JsonFields(jg, "g/config.json"), emoe::Head::kCausalLM); });
+  msg = error_of(
+      [&] { emoe::create_model(emoe::JsonFields(jg, "g/config.json"), emoe::Head::kCausalLM); });
   EXPECT_NE(msg.find("n_embd 32 is not a multiple of n_head 3"), std::string::npos) << msg;
 }
 
@@ -203,7 +223,9 @@ TEST(TestSupport, TestDeviceDefaultsToCpuAndNamesTheVariableWhenUnusable) {
       parse_test_device(bad);
       ADD_FAILURE() << bad << " was accepted";
     } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find(std::string("EMOE_TEST_DEVICE=") + bad), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string("EMOE_TEST_DEVICE=") + bad),
+                std::string::npos)
+          << e.what();
     }
   }
   // the helpers put the model and the fixture's tensors on that device

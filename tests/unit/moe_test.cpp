@@ -1,11 +1,12 @@
-// MoE layer behaviour: gates, routing, capacity, balance losses, padding, usage, moe.json, MoEfication.
+// MoE layer behaviour: gates, routing, capacity, balance losses, padding, usage, moe.json,
+// MoEfication.
 #include <fstream>
 
 #include "emoe/core/error.h"
+#include "emoe/methods/model_folder.h"
 #include "emoe/models/loader.h"
 #include "emoe/moe/balance.h"
 #include "emoe/moe/convert.h"
-#include "emoe/methods/model_folder.h"
 #include "emoe/moe/gates.h"
 #include "emoe/moe/moefication.h"
 #include "emoe/moe/routing.h"
@@ -14,15 +15,22 @@
 namespace {
 
 emoe::ModelPtr tiny_llama() {
-  nlohmann::json j = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}},
-                      {"hidden_size", 16}, {"intermediate_size", 32}, {"num_hidden_layers", 2},
-                      {"num_attention_heads", 2}, {"num_key_value_heads", 1}, {"vocab_size", 50},
+  nlohmann::json j = {{"model_type", "llama"},
+                      {"architectures", {"LlamaForCausalLM"}},
+                      {"hidden_size", 16},
+                      {"intermediate_size", 32},
+                      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 2},
+                      {"num_key_value_heads", 1},
+                      {"vocab_size", 50},
                       {"max_position_embeddings", 32}};
   torch::manual_seed(0);
   return emoe::create_model(emoe::JsonFields(j, "config.json"), emoe::Head::kCausalLM);
 }
 
-emoe::ModelPtr tiny_bert() { return emoe::test::tiny_bert_classifier(); }
+emoe::ModelPtr tiny_bert() {
+  return emoe::test::tiny_bert_classifier();
+}
 
 }  // namespace
 
@@ -45,15 +53,16 @@ TEST(BalanceLosses, MatchHandComputedValues) {
   l0 = 0.5 + phi;
   double mean = (l0 + l1) / 2, var = ((l0 - mean) * (l0 - mean) + (l1 - mean) * (l1 - mean));
   double want = 0.5 * (0.125 + var / (mean * mean + 1e-10));
-  EXPECT_NEAR(emoe::importance_load_loss(logits, logits, top1, s, false).item<double>(), want, 1e-5);
+  EXPECT_NEAR(emoe::importance_load_loss(logits, logits, top1, s, false).item<double>(), want,
+              1e-5);
 }
 
 TEST(Routing, TopKMaskWeightsAndCapacity) {
   auto cfg = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
   cfg.experts = 4;
   cfg.topk = 2;
-  auto logits = torch::tensor({{4.f, 3.f, 0.f, 0.f}, {4.f, 0.f, 3.f, 0.f}, {4.f, 0.f, 0.f, 3.f},
-                               {5.f, 0.f, 0.f, 1.f}});
+  auto logits = torch::tensor(
+      {{4.f, 3.f, 0.f, 0.f}, {4.f, 0.f, 3.f, 0.f}, {4.f, 0.f, 0.f, 3.f}, {5.f, 0.f, 0.f, 1.f}});
   auto r = emoe::route_tokens(logits, cfg, false);
   EXPECT_TRUE(torch::equal(r.experts.select(1, 0), torch::tensor({0L, 0L, 0L, 0L})));
   EXPECT_TRUE(torch::equal(r.weights, torch::ones({4, 2})));
@@ -131,7 +140,8 @@ TEST(EmoeLayer, PaddingIsNotCountedAndAuxLossIsProduced) {
 }
 
 TEST(EmoeLayer, ConvertedFolderRoundTripsThroughMoeJson) {
-  for (auto method : {emoe::MoeMethod::kEmoe, emoe::MoeMethod::kEmoeLearn, emoe::MoeMethod::kGmoe}) {
+  for (auto method :
+       {emoe::MoeMethod::kEmoe, emoe::MoeMethod::kEmoeLearn, emoe::MoeMethod::kGmoe}) {
     SCOPED_TRACE(emoe::to_string(method));
     auto model = tiny_bert();
     auto cfg = emoe::MoeConfig::for_method(method);
@@ -166,7 +176,9 @@ TEST(EmoeLayer, ConvertedFolderRoundTripsThroughMoeJson) {
     emoe::load_any_model(tmp.path());
     FAIL();
   } catch (const emoe::InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("moe.json: layers.0.permutation is not a permutation"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("moe.json: layers.0.permutation is not a permutation"),
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -180,7 +192,10 @@ TEST(EmoeLayer, ConfigErrorsAreClear) {
     emoe::convert_to_moe(*model, cfg);
     FAIL();
   } catch (const emoe::InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("d_ff 32 is not divisible by N = 5 experts; valid N: 1 2 4 8 16 32"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(
+                  "d_ff 32 is not divisible by N = 5 experts; valid N: 1 2 4 8 16 32"),
+              std::string::npos)
+        << e.what();
   }
   cfg.experts = 4;
   cfg.topk = 5;

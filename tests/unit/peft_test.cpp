@@ -8,13 +8,13 @@
 
 #include "emoe/core/error.h"
 #include "emoe/io/safetensors.h"
+#include "emoe/models/dropout.h"
+#include "emoe/models/linear.h"
 #include "emoe/models/loader.h"
+#include "emoe/models/low_rank_linear.h"
 #include "emoe/moe/convert.h"
 #include "emoe/peft/ia3.h"
 #include "emoe/peft/lora.h"
-#include "emoe/models/dropout.h"
-#include "emoe/models/linear.h"
-#include "emoe/models/low_rank_linear.h"
 #include "emoe/peft/molora.h"
 #include "emoe/peft/targets.h"
 #include "support/test_support.h"
@@ -36,8 +36,14 @@ emoe::ModelPtr peft_tiny_model(const std::string& type, Head head, int64_t seed 
     j = {{"model_type", "gpt2"}, {"n_embd", 16},     {"n_layer", 2},
          {"n_head", 2},          {"vocab_size", 50}, {"n_positions", 32}};
   else if (type == "t5" || type == "t5-gated")
-    j = {{"model_type", "t5"}, {"vocab_size", 50}, {"d_model", 16}, {"d_kv", 8}, {"d_ff", 32},
-         {"num_layers", 2}, {"num_decoder_layers", 2}, {"num_heads", 2},
+    j = {{"model_type", "t5"},
+         {"vocab_size", 50},
+         {"d_model", 16},
+         {"d_kv", 8},
+         {"d_ff", 32},
+         {"num_layers", 2},
+         {"num_decoder_layers", 2},
+         {"num_heads", 2},
          {"feed_forward_proj", type == "t5" ? "relu" : "gated-gelu"}};
   else
     j = {{"model_type", "llama"},    {"hidden_size", 16},
@@ -71,7 +77,8 @@ emoe::ModelInputs peft_inputs() {
 torch::Tensor peft_run(emoe::PretrainedModelImpl& m) {
   torch::NoGradGuard g;
   auto in = peft_inputs();
-  if (m.summary().encoder_decoder()) in.decoder_input_ids = torch::randint(3, 50, {2, 5}, torch::kLong);
+  if (m.summary().encoder_decoder())
+    in.decoder_input_ids = torch::randint(3, 50, {2, 5}, torch::kLong);
   auto out = m.forward(in);
   return out.logits.defined() ? out.logits : out.last_hidden_state;
 }
@@ -124,7 +131,8 @@ TEST(PeftConfigs, DefaultsAndNames) {
             std::vector<std::string>{"down_proj"});
   EXPECT_TRUE(emoe::default_feedforward_targets(PeftMethod::kLora, "bert").empty());
   EXPECT_EQ(emoe::default_targets(PeftMethod::kLora, "t5"), (std::vector<std::string>{"q", "v"}));
-  EXPECT_EQ(emoe::default_feedforward_targets(PeftMethod::kIa3, "t5"), std::vector<std::string>{"wo"});
+  EXPECT_EQ(emoe::default_feedforward_targets(PeftMethod::kIa3, "t5"),
+            std::vector<std::string>{"wo"});
   EXPECT_THROW(emoe::default_targets(PeftMethod::kLora, "opt"), emoe::UsageError);
   // The wildcard picks BERT's FFN output, not the attention output projection
   EXPECT_TRUE(emoe::target_matches("layer.*.output.dense", "bert.encoder.layer.1.output.dense"));
@@ -218,7 +226,8 @@ TEST(PeftMov, OneExpertEqualsIa3OnT5LossAndFirstGradient) {
       const auto& range = b->ranges()[r];
       const int64_t off = a->feedforward() ? 0 : range.offset - a->range().offset;
       ASSERT_TRUE(b->vectors[r].grad().defined());
-      EXPECT_LE(emoe::test::max_abs_diff(b->vectors[r].grad().view({-1}), ga.narrow(0, off, range.length)),
+      EXPECT_LE(emoe::test::max_abs_diff(b->vectors[r].grad().view({-1}),
+                                         ga.narrow(0, off, range.length)),
                 1e-6);
     }
   }
@@ -289,9 +298,9 @@ TEST(PeftMov, SoftMergingEqualsTheWeightedSumOfExpertOutputsOnT5) {
     }
     // self-attention k, v and cross-attention k, v ("SelfAttention.k", "EncDecAttention.v", ...)
     // and the FFN output projection's input ("DenseReluDense.wo")
-    EXPECT_EQ(sites, (std::set<std::string>{"SelfAttention.k", "SelfAttention.v",
-                                            "EncDecAttention.k", "EncDecAttention.v",
-                                            "DenseReluDense.wo"}));
+    EXPECT_EQ(sites,
+              (std::set<std::string>{"SelfAttention.k", "SelfAttention.v", "EncDecAttention.k",
+                                     "EncDecAttention.v", "DenseReluDense.wo"}));
   }
 }
 
@@ -716,7 +725,8 @@ TEST(PeftIo, LoraRoundTripOnGpt2Seqcls) {
 namespace {
 
 // y = x W^T + b + Σ s·dropout(x) A^T B^T into each update's columns, from separate operations
-torch::Tensor low_rank_reference(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+torch::Tensor low_rank_reference(const torch::Tensor& x, const torch::Tensor& w,
+                                 const torch::Tensor& b,
                                  const std::vector<emoe::LowRankUpdate>& updates) {
   auto y = torch::linear(x, w, b);
   std::vector<torch::Tensor> parts;
@@ -765,18 +775,21 @@ TEST(LowRankLinear, MatchesSeparateOperationsInValuesAndGradientsWithDropout) {
         torch::manual_seed(77);
         auto y = emoe::low_rank_linear(x, w, b, ups);
         (y * g).sum().backward();
-        std::vector<torch::Tensor> grads{x.grad().clone(), ups[0].a.grad().clone(), ups[0].b.grad().clone(),
-                                         ups[1].a.grad().clone(), ups[1].b.grad().clone()};
-        for (auto* t : {&x, &ups[0].a, &ups[0].b, &ups[1].a, &ups[1].b}) t->mutable_grad() = torch::Tensor();
+        std::vector<torch::Tensor> grads{x.grad().clone(), ups[0].a.grad().clone(),
+                                         ups[0].b.grad().clone(), ups[1].a.grad().clone(),
+                                         ups[1].b.grad().clone()};
+        for (auto* t : {&x, &ups[0].a, &ups[0].b, &ups[1].a, &ups[1].b})
+          t->mutable_grad() = torch::Tensor();
         torch::manual_seed(77);  // the same seeds, so the same dropout masks
         auto ref = low_rank_reference(x, w, b, ups);
         (ref * g).sum().backward();
         ASSERT_EQ(y.sizes(), ref.sizes());
         EXPECT_LT(emoe::test::max_abs_diff(y, ref), 1e-4) << "bias " << with_bias << " p " << p;
-        std::vector<torch::Tensor> ref_grads{x.grad(), ups[0].a.grad(), ups[0].b.grad(), ups[1].a.grad(),
-                                             ups[1].b.grad()};
+        std::vector<torch::Tensor> ref_grads{x.grad(), ups[0].a.grad(), ups[0].b.grad(),
+                                             ups[1].a.grad(), ups[1].b.grad()};
         for (size_t i = 0; i < grads.size(); ++i)
-          EXPECT_LT(emoe::test::max_abs_diff(grads[i], ref_grads[i]), 1e-3) << "gradient " << i << " p " << p;
+          EXPECT_LT(emoe::test::max_abs_diff(grads[i], ref_grads[i]), 1e-3)
+              << "gradient " << i << " p " << p;
       }
     }
   }
@@ -789,7 +802,8 @@ TEST(LowRankLinear, MatchesSeparateOperationsInValuesAndGradientsWithDropout) {
   emoe::low_rank_linear(x, w, torch::Tensor(), one).sum().backward();
   EXPECT_TRUE(one[0].a.grad().defined() && one[0].b.grad().defined());
   // what it does not take: a trainable base weight, another dtype, an update outside the output
-  EXPECT_FALSE(emoe::low_rank_linear_supported(x, w.clone().requires_grad_(true), torch::Tensor(), one));
+  EXPECT_FALSE(
+      emoe::low_rank_linear_supported(x, w.clone().requires_grad_(true), torch::Tensor(), one));
   EXPECT_FALSE(emoe::low_rank_linear_supported(x.to(torch::kDouble), w, torch::Tensor(), one));
   one[0].offset = 1;
   EXPECT_FALSE(emoe::low_rank_linear_supported(x, w, torch::Tensor(), one));
@@ -819,8 +833,10 @@ TEST(LowRankLinear, FusedQkvWithLoraOnQAndVEqualsEachLayersForward) {
   // one product: the three outputs are views of one buffer
   EXPECT_TRUE(fused[0].storage().is_alias_of(fused[2].storage()));
   (fused[0].sum() + 2 * fused[1].sum() + 3 * fused[2].sum()).backward();
-  auto gx = x.grad().clone(), gaq = lq->lora_a->weight.grad().clone(), gbv = lv->lora_b->weight.grad().clone();
-  for (auto* t : {&x, &lq->lora_a->weight, &lq->lora_b->weight, &lv->lora_a->weight, &lv->lora_b->weight})
+  auto gx = x.grad().clone(), gaq = lq->lora_a->weight.grad().clone(),
+       gbv = lv->lora_b->weight.grad().clone();
+  for (auto* t :
+       {&x, &lq->lora_a->weight, &lq->lora_b->weight, &lv->lora_a->weight, &lv->lora_b->weight})
     t->mutable_grad() = torch::Tensor();
   // each layer on its own: LoRA through its own forward, drawing its dropout seed in the same order
   torch::manual_seed(9);

@@ -1,9 +1,11 @@
 // Pretraining: the WordPiece vocabulary trainer, the demo's synthetic data, the pretraining
 // config, T5 span corruption and short pretraining runs of BERT (masked LM), Llama / GPT-2
 // (causal LM) and T5.
+#include "emoe/train/pretrain.h"
+
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <algorithm>
 #include <random>
 #include <set>
 
@@ -12,7 +14,6 @@
 #include "emoe/models/loader.h"
 #include "emoe/tokenizer/tokenizer.h"
 #include "emoe/tokenizer/wordpiece_trainer.h"
-#include "emoe/train/pretrain.h"
 #include "support/test_support.h"
 
 namespace fs = std::filesystem;
@@ -32,7 +33,8 @@ TEST(WordPieceTrainer, SpecialsThenCharactersThenFrequentWords) {
   for (const char* t : {"The", "sat", "dog"}) EXPECT_FALSE(s.count(t)) << t;
   // the size limit holds, and a limit below the characters is refused
   o.vocab_size = static_cast<int64_t>(v.size()) - 1;
-  EXPECT_EQ(static_cast<int64_t>(emoe::train_wordpiece_vocab({"The cat sat.", "the cat ran", "a dog"}, o).size()),
+  EXPECT_EQ(static_cast<int64_t>(
+                emoe::train_wordpiece_vocab({"The cat sat.", "the cat ran", "a dog"}, o).size()),
             o.vocab_size);
   o.vocab_size = 6;
   EXPECT_THROW(emoe::train_wordpiece_vocab({"abc"}, o), emoe::UsageError);
@@ -47,8 +49,9 @@ TEST(SyntheticReviews, DeterministicTwoDomainsBothLabels) {
   ASSERT_EQ(a.ood.size(), 300u);
   for (size_t i = 0; i < a.train.size(); ++i) EXPECT_EQ(a.train[i].text, b.train[i].text);
   o.seed = 1;
-  EXPECT_NE(emoe::make_synthetic_reviews(o).train[0].text + emoe::make_synthetic_reviews(o).train[1].text,
-            a.train[0].text + a.train[1].text);
+  EXPECT_NE(
+      emoe::make_synthetic_reviews(o).train[0].text + emoe::make_synthetic_reviews(o).train[1].text,
+      a.train[0].text + a.train[1].text);
   // the domains differ: film words never appear out of domain, restaurant words never in domain
   auto count = [](const std::vector<emoe::SyntheticReview>& v, const std::string& w) {
     int n = 0;
@@ -70,7 +73,8 @@ TEST(SyntheticReviews, DeterministicTwoDomainsBothLabels) {
   std::string header;
   std::getline(in, header);
   EXPECT_EQ(header, "sentence\tlabel");
-  for (const char* f : {"corpus.txt", "dev.tsv", "ood.tsv"}) EXPECT_TRUE(fs::exists(tmp.file(std::string("d/") + f)));
+  for (const char* f : {"corpus.txt", "dev.tsv", "ood.tsv"})
+    EXPECT_TRUE(fs::exists(tmp.file(std::string("d/") + f)));
 }
 
 TEST(PretrainConfig, ErrorsNameTheKey) {
@@ -83,9 +87,12 @@ TEST(PretrainConfig, ErrorsNameTheKey) {
     return std::string("no error");
   };
   EXPECT_NE(msg({"corpus=x", "hiden=3"}).find("unknown key 'hiden'"), std::string::npos);
-  EXPECT_NE(msg({"corpus=x", "arch=xlnet"}).find("arch: expected bert, gpt2, llama, t5, mistral, qwen2 or qwen3"), std::string::npos);
+  EXPECT_NE(msg({"corpus=x", "arch=xlnet"})
+                .find("arch: expected bert, gpt2, llama, t5, mistral, qwen2 or qwen3"),
+            std::string::npos);
   EXPECT_NE(msg({}).find("corpus: required"), std::string::npos);
-  EXPECT_NE(msg({"corpus=x", "hidden=30", "heads=4"}).find("not a multiple of heads"), std::string::npos);
+  EXPECT_NE(msg({"corpus=x", "hidden=30", "heads=4"}).find("not a multiple of heads"),
+            std::string::npos);
   EXPECT_NE(msg({"corpus=x", "steps=abc"}).find("steps"), std::string::npos);
   EXPECT_NE(msg({"corpus=x", "arch=gpt2"}).find("give a tokenizer folder"), std::string::npos);
   EXPECT_NE(msg({"corpus=x", "max_length=500"}).find("max_length"), std::string::npos);
@@ -110,7 +117,8 @@ TEST(Pretrain, BertMaskedLmLearnsAndSavesALoadableModel) {
   auto c = tiny_pretrain(tmp.file("d/corpus.txt"), tmp.file("m"));
   auto r = emoe::run_pretraining(c);
   EXPECT_LT(r.final_loss, r.first_loss - 0.5) << r.first_loss << " -> " << r.final_loss;
-  for (const char* f : {"config.json", "model.safetensors", "vocab.txt", "pretrain.jsonl", "pretrain_config.json"})
+  for (const char* f :
+       {"config.json", "model.safetensors", "vocab.txt", "pretrain.jsonl", "pretrain_config.json"})
     EXPECT_TRUE(fs::exists(tmp.file(std::string("m/") + f))) << f;
   auto model = emoe::load_model(tmp.file("m"));
   EXPECT_EQ(model->summary().model_type, "bert");
@@ -146,7 +154,8 @@ TEST(Pretrain, Gpt2CausalLmWithAGivenTokenizer) {
   emoe::test::TempDir tmp;
   {
     std::ofstream c(tmp.file("corpus.txt"));
-    for (int i = 0; i < 300; ++i) c << "once upon a time there was a little cat number " << i % 5 << ".\n";
+    for (int i = 0; i < 300; ++i)
+      c << "once upon a time there was a little cat number " << i % 5 << ".\n";
   }
   auto c = tiny_pretrain(tmp.file("corpus.txt"), tmp.file("m"));
   c.arch = "gpt2";
@@ -173,15 +182,21 @@ TEST(SpanCorruption, SentinelsReplaceSpansAndTheTargetsRestoreThem) {
     ASSERT_EQ(sc.targets.back(), 1);
     // sentinels in order in both, the same number of spans
     std::vector<int64_t> in_s, out_s;
-    for (auto t : sc.inputs) if (t >= 95) in_s.push_back(t);
-    for (auto t : sc.targets) if (t >= 95) out_s.push_back(t);
+    for (auto t : sc.inputs)
+      if (t >= 95) in_s.push_back(t);
+    for (auto t : sc.targets)
+      if (t >= 95) out_s.push_back(t);
     ASSERT_EQ(in_s, out_s);
-    ASSERT_EQ(in_s, std::vector<int64_t>(sentinels.begin(), sentinels.begin() + static_cast<int64_t>(in_s.size())));
+    ASSERT_EQ(in_s, std::vector<int64_t>(sentinels.begin(),
+                                         sentinels.begin() + static_cast<int64_t>(in_s.size())));
     // noise: round(0.15 n) within [1, n - 1]; spans: round(noise / 3) within [1, noise]
-    const int64_t noise = static_cast<int64_t>(sc.targets.size()) - 1 - static_cast<int64_t>(out_s.size());
-    EXPECT_EQ(noise, std::clamp<int64_t>(std::llround(0.15 * static_cast<double>(n)), 1, n - 1)) << n;
+    const int64_t noise =
+        static_cast<int64_t>(sc.targets.size()) - 1 - static_cast<int64_t>(out_s.size());
+    EXPECT_EQ(noise, std::clamp<int64_t>(std::llround(0.15 * static_cast<double>(n)), 1, n - 1))
+        << n;
     EXPECT_EQ(static_cast<int64_t>(out_s.size()),
-              std::clamp<int64_t>(std::llround(static_cast<double>(noise) / 3.0), 1, std::min<int64_t>(noise, n - noise)));
+              std::clamp<int64_t>(std::llround(static_cast<double>(noise) / 3.0), 1,
+                                  std::min<int64_t>(noise, n - noise)));
     span_counts.insert(static_cast<int64_t>(out_s.size()));
     // putting each span back in place of its sentinel gives the text; the text starts kept
     std::vector<int64_t> restored;
@@ -192,7 +207,8 @@ TEST(SpanCorruption, SentinelsReplaceSpansAndTheTargetsRestoreThem) {
         continue;
       }
       ASSERT_EQ(sc.targets[t], sc.inputs[i]);
-      for (++t; t + 1 < sc.targets.size() && sc.targets[t] < 95; ++t) restored.push_back(sc.targets[t]);
+      for (++t; t + 1 < sc.targets.size() && sc.targets[t] < 95; ++t)
+        restored.push_back(sc.targets[t]);
     }
     ASSERT_EQ(restored, ids);
     EXPECT_LT(sc.inputs.front(), 95);
@@ -235,7 +251,8 @@ TEST(Pretrain, T5SpanCorruptionSavesAT5TokenizerAndLearns) {
     emoe::run_pretraining(c);
     ADD_FAILURE() << "no error";
   } catch (const emoe::InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("t5_objective=autoencoder"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("t5_objective=autoencoder"), std::string::npos)
+        << e.what();
   }
   EXPECT_FALSE(fs::exists(tmp.file("bad")));  // refused before anything is written
 }

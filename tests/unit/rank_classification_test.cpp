@@ -1,5 +1,7 @@
 // Text-to-text pieces: rank classification against direct forwards, the median over templates,
 // mixing rates, the mixture's epoch draws and the prompt templates.
+#include "emoe/eval/rank_classification.h"
+
 #include <torch/torch.h>
 
 #include <cmath>
@@ -8,7 +10,6 @@
 #include "emoe/core/error.h"
 #include "emoe/data/mixture.h"
 #include "emoe/data/templates.h"
-#include "emoe/eval/rank_classification.h"
 #include "emoe/io/hf_config.h"
 #include "emoe/models/loader.h"
 #include "support/test_support.h"
@@ -16,9 +17,17 @@
 namespace {
 
 emoe::ModelPtr rank_tiny_t5() {
-  nlohmann::json j = {{"model_type", "t5"}, {"vocab_size", 40}, {"d_model", 16}, {"d_kv", 8},
-                      {"d_ff", 24}, {"num_layers", 2}, {"num_decoder_layers", 2}, {"num_heads", 2},
-                      {"pad_token_id", 0}, {"eos_token_id", 1}, {"decoder_start_token_id", 0}};
+  nlohmann::json j = {{"model_type", "t5"},
+                      {"vocab_size", 40},
+                      {"d_model", 16},
+                      {"d_kv", 8},
+                      {"d_ff", 24},
+                      {"num_layers", 2},
+                      {"num_decoder_layers", 2},
+                      {"num_heads", 2},
+                      {"pad_token_id", 0},
+                      {"eos_token_id", 1},
+                      {"decoder_start_token_id", 0}};
   torch::manual_seed(3);
   auto m = emoe::create_model(emoe::JsonFields(j, "t5/config.json"), emoe::Head::kSeq2SeqLM);
   torch::NoGradGuard g;
@@ -36,7 +45,8 @@ double rank_direct_score(emoe::PretrainedModelImpl& m, const std::vector<int64_t
   in.labels = torch::tensor(choice, torch::kLong).unsqueeze(0);
   auto logp = torch::log_softmax(m.forward(in).logits.to(torch::kDouble), -1)[0];
   double s = 0;
-  for (size_t i = 0; i < choice.size(); ++i) s += logp[static_cast<int64_t>(i)][choice[i]].item<double>();
+  for (size_t i = 0; i < choice.size(); ++i)
+    s += logp[static_cast<int64_t>(i)][choice[i]].item<double>();
   return mean ? s / static_cast<double>(choice.size()) : s;
 }
 
@@ -73,7 +83,8 @@ TEST(RankClassification, ScoresEqualDirectForwardsOfEachPair) {
     for (size_t i = 0; i < data.size(); ++i) {
       ASSERT_EQ(scores[i].size(), data[i].choices.size());
       for (size_t c = 0; c < data[i].choices.size(); ++c)
-        EXPECT_NEAR(scores[i][c], rank_direct_score(*m, data[i].source, data[i].choices[c], mean), 1e-5)
+        EXPECT_NEAR(scores[i][c], rank_direct_score(*m, data[i].source, data[i].choices[c], mean),
+                    1e-5)
             << "example " << i << " choice " << c;
     }
   }
@@ -181,7 +192,8 @@ TEST(Mixture, EpochDrawsFollowTheRatesAndDependOnlyOnSeedAndEpoch) {
     ASSERT_LT(d.templ, templates[d.task]);
   }
   for (int64_t t = 0; t < 3; ++t)
-    EXPECT_LE(std::abs(static_cast<double>(count[t]) - rates[t] * static_cast<double>(n)), 1.0) << t;
+    EXPECT_LE(std::abs(static_cast<double>(count[t]) - rates[t] * static_cast<double>(n)), 1.0)
+        << t;
   // task 0 (10 examples) drawn more than 10 times: every example before any repeats
   std::map<int64_t, int64_t> seen;
   for (const auto& d : a)
@@ -192,7 +204,8 @@ TEST(Mixture, EpochDrawsFollowTheRatesAndDependOnlyOnSeedAndEpoch) {
   auto same = [](const std::vector<emoe::MixtureDraw>& x, const std::vector<emoe::MixtureDraw>& y) {
     if (x.size() != y.size()) return false;
     for (size_t i = 0; i < x.size(); ++i)
-      if (x[i].task != y[i].task || x[i].example != y[i].example || x[i].templ != y[i].templ) return false;
+      if (x[i].task != y[i].task || x[i].example != y[i].example || x[i].templ != y[i].templ)
+        return false;
     return true;
   };
   EXPECT_TRUE(same(a, b));
@@ -204,7 +217,8 @@ TEST(Templates, EveryTaskHasTwoOrMoreTemplatesWithOneChoicePerLabel) {
     SCOPED_TRACE(task);
     const auto& tpls = emoe::task_templates(task);
     EXPECT_GE(tpls.size(), 2u);
-    for (const auto& t : tpls) EXPECT_EQ(t.choices.size(), emoe::glue_task(task).labels.size()) << t.name;
+    for (const auto& t : tpls)
+      EXPECT_EQ(t.choices.size(), emoe::glue_task(task).labels.size()) << t.name;
   }
   emoe::Example e;
   e.texts = {"It rains.", "The street is wet."};

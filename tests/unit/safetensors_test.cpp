@@ -1,9 +1,10 @@
 // safetensors reader/writer: round trips, dtype conversion, sharding, and every header defect.
+#include "emoe/io/safetensors.h"
+
 #include <filesystem>
 #include <fstream>
 
 #include "emoe/core/error.h"
-#include "emoe/io/safetensors.h"
 #include "support/test_support.h"
 
 namespace {
@@ -120,22 +121,41 @@ TEST_P(SafetensorsBadHeader, GivesOneClearError) {
 INSTANTIATE_TEST_SUITE_P(
     Defects, SafetensorsBadHeader,
     ::testing::Values(
-        BadHeaderCase{"length past end", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4, 4096, "runs past the end"},
+        BadHeaderCase{"length past end",
+                      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4, 4096,
+                      "runs past the end"},
         BadHeaderCase{"huge header", "{}", 0, 200ull * 1000 * 1000, "exceeds"},
         BadHeaderCase{"not json", "{not json", 0, std::nullopt, "not valid JSON"},
         BadHeaderCase{"not an object", "[1,2]", 0, std::nullopt, "expected a JSON object"},
-        BadHeaderCase{"unknown dtype", R"({"a":{"dtype":"F7","shape":[1],"data_offsets":[0,4]}})", 4, std::nullopt, "unknown or unsupported dtype 'F7'"},
-        BadHeaderCase{"negative shape", R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4, std::nullopt, "non-negative"},
-        BadHeaderCase{"offsets out of range", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4, std::nullopt, "out of range"},
-        BadHeaderCase{"size mismatch", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8, std::nullopt, "expected 12"},
-        BadHeaderCase{"end before begin", R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", 8, std::nullopt, "end before begin"},
-        BadHeaderCase{"overlap", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12, std::nullopt, "overlap"},
-        BadHeaderCase{"missing offsets", R"({"a":{"dtype":"F32","shape":[1]}})", 4, std::nullopt, "data_offsets"},
-        BadHeaderCase{"bad metadata", R"({"__metadata__":{"k":1}})", 0, std::nullopt, "__metadata__"},
-        BadHeaderCase{"huge shape", R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,4]}})", 4, std::nullopt, "too many elements"}),
+        BadHeaderCase{"unknown dtype", R"({"a":{"dtype":"F7","shape":[1],"data_offsets":[0,4]}})",
+                      4, std::nullopt, "unknown or unsupported dtype 'F7'"},
+        BadHeaderCase{"negative shape",
+                      R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4, std::nullopt,
+                      "non-negative"},
+        BadHeaderCase{"offsets out of range",
+                      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4, std::nullopt,
+                      "out of range"},
+        BadHeaderCase{"size mismatch", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
+                      8, std::nullopt, "expected 12"},
+        BadHeaderCase{"end before begin",
+                      R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", 8, std::nullopt,
+                      "end before begin"},
+        BadHeaderCase{
+            "overlap",
+            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+            12, std::nullopt, "overlap"},
+        BadHeaderCase{"missing offsets", R"({"a":{"dtype":"F32","shape":[1]}})", 4, std::nullopt,
+                      "data_offsets"},
+        BadHeaderCase{"bad metadata", R"({"__metadata__":{"k":1}})", 0, std::nullopt,
+                      "__metadata__"},
+        BadHeaderCase{
+            "huge shape",
+            R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,4]}})",
+            4, std::nullopt, "too many elements"}),
     [](const auto& info) {
       std::string n = info.param.name;
-      for (auto& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      for (auto& ch : n)
+        if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;
     });
 

@@ -1,10 +1,11 @@
 // Expert splits: exact balanced assignment, balanced k-means properties, baselines.
+#include "emoe/moe/split.h"
+
 #include <functional>
 #include <set>
 
 #include "emoe/core/error.h"
 #include "emoe/models/loader.h"
-#include "emoe/moe/split.h"
 #include "support/test_support.h"
 
 namespace {
@@ -43,7 +44,8 @@ void expect_valid_split(const emoe::SplitResult& r, int64_t d_ff, int64_t n) {
   std::set<int64_t> seen(r.permutation.begin(), r.permutation.end());
   EXPECT_EQ(static_cast<int64_t>(seen.size()), d_ff);
   // expert e owns positions [e*s, (e+1)*s)
-  for (int64_t pos = 0; pos < d_ff; ++pos) EXPECT_EQ(r.assignment[r.permutation[pos]], pos / (d_ff / n));
+  for (int64_t pos = 0; pos < d_ff; ++pos)
+    EXPECT_EQ(r.assignment[r.permutation[pos]], pos / (d_ff / n));
 }
 
 }  // namespace

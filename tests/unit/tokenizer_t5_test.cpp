@@ -26,11 +26,21 @@ std::string t5_style_model() {
   spec.eos_id = 1;
   spec.unk_id = 2;
   spec.bos_id = -1;
-  spec.pieces = {{"<pad>", 0, 3},          {"</s>", 0, 3},           {"<unk>", 0, 2},
-                 {kT5Space, -3, 1},              {kT5Space + "hello", -1, 1},    {kT5Space + "world", -1, 1},
-                 {kT5Space + "the", -1, 1},      {"h", -5, 1},             {"e", -5, 1},
-                 {"l", -5, 1},             {"o", -5, 1},             {"w", -5, 1},
-                 {"r", -5, 1},             {"d", -5, 1},             {"t", -5, 1},
+  spec.pieces = {{"<pad>", 0, 3},
+                 {"</s>", 0, 3},
+                 {"<unk>", 0, 2},
+                 {kT5Space, -3, 1},
+                 {kT5Space + "hello", -1, 1},
+                 {kT5Space + "world", -1, 1},
+                 {kT5Space + "the", -1, 1},
+                 {"h", -5, 1},
+                 {"e", -5, 1},
+                 {"l", -5, 1},
+                 {"o", -5, 1},
+                 {"w", -5, 1},
+                 {"r", -5, 1},
+                 {"d", -5, 1},
+                 {"t", -5, 1},
                  {".", -5, 1}};
   return emoe::serialize_sentencepiece_model(spec);
 }
@@ -43,7 +53,7 @@ TEST(TokenizerT5, SentinelsTemplateAndDecoding) {
   emoe::test::TempDir dir;
   write_t5_file(dir.file("spiece.model"), t5_style_model());
   write_t5_file(dir.file("tokenizer_config.json"),
-        R"({"tokenizer_class": "T5Tokenizer", "extra_ids": 3, "model_max_length": 512})");
+                R"({"tokenizer_class": "T5Tokenizer", "extra_ids": 3, "model_max_length": 512})");
   auto tok = emoe::load_tokenizer(dir.path());
   EXPECT_EQ(tok->kind(), "sentencepiece");
   ASSERT_EQ(tok->vocab_size(), 16 + 3);

@@ -13,7 +13,8 @@ TEST(RunConfig, YamlThenOverridesThenValidation) {
   std::ofstream(tmp.file("run.yaml")) << "model: m\ntask: sst2\nmethod: emoe\n"
                                          "moe: {experts: 8, topk: 2, layers: [1, 3]}\n"
                                          "train:\n  lr: 3.0e-5\n  epochs: 2\n";
-  auto c = emoe::load_run_config(tmp.file("run.yaml"), {"train.lr=1e-4", "moe.topk=4", "ood=[a, b]"});
+  auto c =
+      emoe::load_run_config(tmp.file("run.yaml"), {"train.lr=1e-4", "moe.topk=4", "ood=[a, b]"});
   EXPECT_EQ(c.model, "m");
   EXPECT_DOUBLE_EQ(c.train.lr, 1e-4);
   EXPECT_EQ(c.train.epochs, 2);
@@ -65,14 +66,16 @@ TEST(Schedules, MatchHuggingFaceFormulas) {
   EXPECT_DOUBLE_EQ(emoe::schedule_factor("linear", 60, 110, 10), 0.5);
   EXPECT_DOUBLE_EQ(emoe::schedule_factor("linear", 110, 110, 10), 0.0);
   EXPECT_NEAR(emoe::schedule_factor("cosine", 60, 110, 10), 0.5, 1e-12);
-  EXPECT_NEAR(emoe::schedule_factor("cosine", 35, 110, 10), 0.5 * (1 + std::cos(M_PI * 0.25)), 1e-12);
+  EXPECT_NEAR(emoe::schedule_factor("cosine", 35, 110, 10), 0.5 * (1 + std::cos(M_PI * 0.25)),
+              1e-12);
   EXPECT_DOUBLE_EQ(emoe::schedule_factor("constant", 60, 110, 10), 1.0);
   EXPECT_DOUBLE_EQ(emoe::schedule_factor("linear", 0, 100, 0), 1.0);
 }
 
 TEST(Optimizer, GroupsSplitDecayHeadAndFrozen) {
-  nlohmann::json j = {{"model_type", "bert"}, {"hidden_size", 16}, {"intermediate_size", 32},
-                      {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"vocab_size", 30},
+  nlohmann::json j = {{"model_type", "bert"},         {"hidden_size", 16},
+                      {"intermediate_size", 32},      {"num_hidden_layers", 1},
+                      {"num_attention_heads", 2},     {"vocab_size", 30},
                       {"max_position_embeddings", 16}};
   auto m = emoe::create_model(emoe::JsonFields(j, "c"), emoe::Head::kSequenceClassification, 2);
   m->named_parameters()["bert.embeddings.word_embeddings.weight"].set_requires_grad(false);
@@ -102,16 +105,23 @@ TEST(MultipleChoice, ScorerPicksTheMostLikelyLetter) {
     std::string kind() const override { return "fake"; }
     int64_t vocab_size() const override { return 256; }
     std::optional<int64_t> token_to_id(const std::string&) const override { return std::nullopt; }
-    std::string id_to_token(int64_t id) const override { return std::string(1, static_cast<char>(id)); }
+    std::string id_to_token(int64_t id) const override {
+      return std::string(1, static_cast<char>(id));
+    }
     const emoe::SpecialTokens& special() const override { return sp; }
     std::vector<int64_t> encode_plain(const std::string& t) const override {
       return std::vector<int64_t>(t.begin(), t.end());  // bytes
     }
-    emoe::Encoding encode(const std::string& t, bool, int64_t) const override { return {encode_plain(t), {}}; }
-    emoe::Encoding encode_pair(const std::string& a, const std::string& b, bool, int64_t) const override {
+    emoe::Encoding encode(const std::string& t, bool, int64_t) const override {
+      return {encode_plain(t), {}};
+    }
+    emoe::Encoding encode_pair(const std::string& a, const std::string& b, bool,
+                               int64_t) const override {
       return {encode_plain(a + b), {}};
     }
-    std::string decode(const std::vector<int64_t>& ids, bool) const override { return std::string(ids.begin(), ids.end()); }
+    std::string decode(const std::vector<int64_t>& ids, bool) const override {
+      return std::string(ids.begin(), ids.end());
+    }
     emoe::SpecialTokens sp;
   } tok;
   std::vector<emoe::MultipleChoiceExample> qs;

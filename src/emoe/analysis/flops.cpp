@@ -9,12 +9,14 @@ namespace {
 
 // One converted FFN's MACs per token (the FFN itself and its gate) in place of the dense FFN's.
 std::pair<double, double> converted_ffn_macs(const MethodCost& m, double d, double ffn_dense) {
-  const double e = static_cast<double>(m.moe_config.experts), k = static_cast<double>(m.moe_config.topk);
+  const double e = static_cast<double>(m.moe_config.experts),
+               k = static_cast<double>(m.moe_config.topk);
   const double cos_dim = static_cast<double>(m.moe_config.cosine_dim);
   const double cosine = d * cos_dim + cos_dim * e;
   if (m.moe_config.method == MoeMethod::kGmoe)  // k full experts per token
     return {k * ffn_dense, m.moe_config.gate == GateKind::kCosine ? cosine : d * e};
-  const double ffn = m.moe_config.execution == Execution::kDispatched ? ffn_dense * k / e : ffn_dense;
+  const double ffn =
+      m.moe_config.execution == Execution::kDispatched ? ffn_dense * k / e : ffn_dense;
   const double gate = m.moe_config.gate == GateKind::kMlp      ? d * e + e * e
                       : m.moe_config.gate == GateKind::kCosine ? cosine
                                                                : d * e;
@@ -42,8 +44,10 @@ void finish_count(FlopCount& c, const ModelSummary& s, const MethodCost& m, doub
 FlopCount count_encoder_decoder(const ModelSummary& s, const MethodCost& m, int64_t seq_len,
                                 int64_t target_len) {
   const double d = static_cast<double>(s.hidden_size), f = static_cast<double>(s.intermediate_size);
-  const double S = static_cast<double>(seq_len), T = static_cast<double>(target_len > 0 ? target_len : seq_len);
-  const double Le = static_cast<double>(s.num_layers), Ld = static_cast<double>(s.num_decoder_layers);
+  const double S = static_cast<double>(seq_len),
+               T = static_cast<double>(target_len > 0 ? target_len : seq_len);
+  const double Le = static_cast<double>(s.num_layers),
+               Ld = static_cast<double>(s.num_decoder_layers);
   const double hd = static_cast<double>(s.head_dim > 0 ? s.head_dim : s.hidden_size / s.num_heads);
   const double in = hd * static_cast<double>(s.num_heads);  // inner attention width
   const bool gated = s.gated_ffn;
@@ -92,7 +96,8 @@ FlopCount count_encoder_decoder(const ModelSummary& s, const MethodCost& m, int6
 
 }  // namespace
 
-FlopCount count_flops(const ModelSummary& s, const MethodCost& m, int64_t seq_len, int64_t target_len) {
+FlopCount count_flops(const ModelSummary& s, const MethodCost& m, int64_t seq_len,
+                      int64_t target_len) {
   if (s.encoder_decoder()) return count_encoder_decoder(s, m, seq_len, target_len);
   const double d = static_cast<double>(s.hidden_size), f = static_cast<double>(s.intermediate_size);
   const double L = static_cast<double>(s.num_layers), T = static_cast<double>(seq_len);
@@ -115,22 +120,25 @@ FlopCount count_flops(const ModelSummary& s, const MethodCost& m, int64_t seq_le
   }
   // PEFT adapters on the default targets: (in, out) of each adapted attention projection
   std::vector<std::pair<double, double>> targets;
-  if (!arch.fused.empty()) targets = {{d, 3 * d}};  // a fused q|k|v projection (GPT-2 c_attn)
-  else targets = {{d, d}, {d, kv}};                  // query, value
+  if (!arch.fused.empty())
+    targets = {{d, 3 * d}};  // a fused q|k|v projection (GPT-2 c_attn)
+  else
+    targets = {{d, d}, {d, kv}};  // query, value
   const auto pm = m.peft.method;
   const double r = static_cast<double>(m.peft.r), pe = static_cast<double>(m.peft.experts);
   for (const auto& [in, out] : targets) {
     if (pm == PeftMethod::kLora) adapters += L * r * (in + out);
-    if (pm == PeftMethod::kMolora) adapters += L * (pe * r * (in + out) + in * pe);  // experts + router
+    if (pm == PeftMethod::kMolora)
+      adapters += L * (pe * r * (in + out) + in * pe);  // experts + router
   }
   // MoV: router a·W_r and the mixture p·V for keys, values and the FFN intermediate
   if (pm == PeftMethod::kMov) adapters = L * 2 * (2 * kv * pe + f * pe);
   // (IA)^3 scales elementwise: no multiply-accumulates worth counting
-  const double head = s.head == Head::kCausalLM || s.head == Head::kMaskedLM
-                          ? d * static_cast<double>(s.vocab_size)
-                          : s.head == Head::kSequenceClassification
-                                ? (arch.pooled_classifier ? d * d : 0.0) / T + d * static_cast<double>(s.num_labels) / T
-                                : 0.0;
+  const double head =
+      s.head == Head::kCausalLM || s.head == Head::kMaskedLM ? d * static_cast<double>(s.vocab_size)
+      : s.head == Head::kSequenceClassification
+          ? (arch.pooled_classifier ? d * d : 0.0) / T + d * static_cast<double>(s.num_labels) / T
+          : 0.0;
   fw["attention_proj"] = L * proj;
   fw["attention_scores"] = L * scores;
   fw["ffn"] = ffn;

@@ -14,11 +14,11 @@ namespace emoe {
 struct MethodCost {
   std::string name = "dense";
   bool moe = false;
-  MoeConfig moe_config;             // when moe
-  int64_t moe_layers = 0;           // converted layers
-  int64_t moe_decoder_layers = 0;   // encoder-decoder models: how many of them are the decoder's
-  PeftConfig peft;                  // kNone for full / MoE-only
-  bool trainable_body = true;       // full fine-tuning (false: only adapters and head train)
+  MoeConfig moe_config;            // when moe
+  int64_t moe_layers = 0;          // converted layers
+  int64_t moe_decoder_layers = 0;  // encoder-decoder models: how many of them are the decoder's
+  PeftConfig peft;                 // kNone for full / MoE-only
+  bool trainable_body = true;      // full fine-tuning (false: only adapters and head train)
 };
 
 struct FlopCount {
@@ -26,7 +26,8 @@ struct FlopCount {
   // "head". A FLOP is two MACs; GMACs below are 1e9 MACs.
   std::map<std::string, double> forward;
   double forward_total = 0;
-  double train_total = 0;  // forward + backward (input grads everywhere, weight grads where trained)
+  double train_total =
+      0;  // forward + backward (input grads everywhere, weight grads where trained)
 };
 
 // Counts for sequences of `seq_len` tokens (attention scores cost seq_len · d per token,

@@ -16,9 +16,10 @@ namespace {
 
 // Viridis, sampled at 9 points and interpolated.
 void plot_viridis(double t, double& r, double& g, double& b) {
-  static const double k[9][3] = {{0.267, 0.005, 0.329}, {0.283, 0.141, 0.458}, {0.254, 0.265, 0.530},
-                                 {0.207, 0.372, 0.553}, {0.164, 0.471, 0.558}, {0.128, 0.567, 0.551},
-                                 {0.135, 0.659, 0.518}, {0.267, 0.749, 0.441}, {0.993, 0.906, 0.144}};
+  static const double k[9][3] = {
+      {0.267, 0.005, 0.329}, {0.283, 0.141, 0.458}, {0.254, 0.265, 0.530},
+      {0.207, 0.372, 0.553}, {0.164, 0.471, 0.558}, {0.128, 0.567, 0.551},
+      {0.135, 0.659, 0.518}, {0.267, 0.749, 0.441}, {0.993, 0.906, 0.144}};
   t = std::clamp(t, 0.0, 1.0) * 8.0;
   int i = std::min(7, static_cast<int>(t));
   double f = t - i;
@@ -105,8 +106,10 @@ void plot_panel(cairo_t* cr, const HeatmapSpec& s, double x, double y, double w,
     for (const auto& l : s.column_labels) longest = std::max(longest, l.size());
     const bool vertical = longest * 7.0 > cw;  // labels wider than their cells stand upright
     for (size_t c = 0; c < cols && c < s.column_labels.size(); c += ticks(cols)) {
-      if (vertical) plot_text(cr, x + (c + 0.5) * cw, y + h + 6, s.column_labels[c], 10, 1.0, false, true);
-      else plot_text(cr, x + (c + 0.5) * cw, y + h + 12, s.column_labels[c], 11, 0.5);
+      if (vertical)
+        plot_text(cr, x + (c + 0.5) * cw, y + h + 6, s.column_labels[c], 10, 1.0, false, true);
+      else
+        plot_text(cr, x + (c + 0.5) * cw, y + h + 12, s.column_labels[c], 11, 0.5);
     }
   }
   cairo_set_source_rgb(cr, 0.3, 0.3, 0.3);
@@ -148,8 +151,8 @@ void write_heatmap_panels_png(const std::string& path, const std::string& title,
   EMOE_CHECK(!panels.empty(), InputError, "{}: nothing to draw", path);
   double lo, hi;
   plot_range(panels, lo, hi);
-  const double pw = panels.size() == 1 ? 560 : 380, ph = 380, left = 80, top = panels.size() == 1 ? 50 : 70,
-               gap = 90;
+  const double pw = panels.size() == 1 ? 560 : 380, ph = 380, left = 80,
+               top = panels.size() == 1 ? 50 : 70, gap = 90;
   const int width = static_cast<int>(left + panels.size() * pw + (panels.size() - 1) * gap + 130);
   size_t longest = 0;
   for (const auto& p : panels)
@@ -172,7 +175,8 @@ void write_heatmap_png(const std::string& path, const HeatmapSpec& spec) {
 }
 
 void write_bar_chart_png(const std::string& path, const BarChartSpec& spec) {
-  const double left = 80, top = 60, pw = std::max<double>(420, 70.0 * spec.categories.size()), ph = 320;
+  const double left = 80, top = 60, pw = std::max<double>(420, 70.0 * spec.categories.size()),
+               ph = 320;
   const int width = static_cast<int>(left + pw + 40), height = static_cast<int>(top + ph + 90);
   auto* surface = cairo_image_surface_create(CAIRO_FORMAT_RGB24, width, height);
   auto* cr = cairo_create(surface);

@@ -7,9 +7,9 @@ namespace emoe {
 
 struct HeatmapSpec {
   std::string title, x_label, y_label, value_label;
-  std::vector<std::vector<double>> values;  // [row][column]; rows drawn top to bottom
+  std::vector<std::vector<double>> values;             // [row][column]; rows drawn top to bottom
   std::vector<std::string> row_labels, column_labels;  // may be shorter: every k-th is shown
-  double vmin = 0, vmax = -1;  // vmax < vmin: from the data
+  double vmin = 0, vmax = -1;                          // vmax < vmin: from the data
 };
 
 struct BarSeries {

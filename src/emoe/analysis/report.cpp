@@ -6,11 +6,11 @@
 #include <sstream>
 
 #include "emoe/analysis/plot.h"
-#include "emoe/moe/usage.h"
 #include "emoe/core/error.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/io/hf_config.h"
 #include "emoe/moe/convert.h"
+#include "emoe/moe/usage.h"
 
 namespace emoe {
 namespace fs = std::filesystem;
@@ -121,7 +121,8 @@ AnalysisOutput analyze_run(const std::string& run_dir, const std::string& out_di
     }
     if (panels.size() > 6) panels.resize(6);  // MoV/MoLoRA may have dozens of modules
     auto path = (fs::path(out_dir) / "usage_phases.png").string();
-    write_heatmap_panels_png(path, "expert usage by phase: training vs dev vs out-of-domain sets", panels);
+    write_heatmap_panels_png(path, "expert usage by phase: training vs dev vs out-of-domain sets",
+                             panels);
     out.figures.push_back(path);
   }
 
@@ -131,7 +132,8 @@ AnalysisOutput analyze_run(const std::string& run_dir, const std::string& out_di
   if (fs::exists(moe_path)) {
     moe = moe_state_from_json(JsonFields::from_file(moe_path));
     BarChartSpec b;
-    b.title = fmt::format("split quality: inertia of the L2-normalised keys ({} experts)", moe.config.experts);
+    b.title = fmt::format("split quality: inertia of the L2-normalised keys ({} experts)",
+                          moe.config.experts);
     b.y_label = "inertia (lower is tighter)";
     BarSeries split{moe.config.split, {}}, rnd{"random split", {}};
     for (const auto& [l, r] : moe.splits) {
@@ -154,37 +156,45 @@ AnalysisOutput analyze_run(const std::string& run_dir, const std::string& out_di
   const auto results_path = (fs::path(run_dir) / "results.json").string();
   if (fs::exists(results_path)) {
     auto res = JsonFields::from_file(results_path).raw();
-    md << fmt::format("Method `{}`, best epoch {}.", res.value("method", "?"), res.value("best_epoch", -1));
+    md << fmt::format("Method `{}`, best epoch {}.", res.value("method", "?"),
+                      res.value("best_epoch", -1));
     if (res.contains("best") && res["best"].is_object())
       for (auto& [set, v] : res["best"].items())
-        for (auto& [m, x] : v["metrics"].items()) md << fmt::format(" {} {} {:.2f};", set, m, x.get<double>());
+        for (auto& [m, x] : v["metrics"].items())
+          md << fmt::format(" {} {} {:.2f};", set, m, x.get<double>());
     md << "\n\n";
   }
   if (!moe.empty()) {
-    md << "## Split\n\n| layer | split | experts x size | inertia | random-split inertia |\n|---|---|---|---|---|\n";
+    md << "## Split\n\n| layer | split | experts x size | inertia | random-split inertia "
+          "|\n|---|---|---|---|---|\n";
     for (const auto& [l, r] : moe.splits) {
       if (r.cluster_sizes.empty())  // GMoE: copies of the whole FFN, nothing was clustered
-        md << fmt::format("| {} | {} | {} copies of the FFN | - | - |\n", l, r.method, moe.config.experts);
+        md << fmt::format("| {} | {} | {} copies of the FFN | - | - |\n", l, r.method,
+                          moe.config.experts);
       else
-        md << fmt::format("| {} | {} | {} x {} | {:.3f} | {:.3f} |\n", l, r.method, moe.config.experts,
-                          r.cluster_sizes[0], r.inertia, r.random_inertia);
+        md << fmt::format("| {} | {} | {} x {} | {:.3f} | {:.3f} |\n", l, r.method,
+                          moe.config.experts, r.cluster_sizes[0], r.inertia, r.random_inertia);
     }
     md << "\n";
   }
-  md << "## Load balance\n\nEntropy of the selection distribution (bits; ratio to log2 N, 1 = uniform), "
+  md << "## Load balance\n\nEntropy of the selection distribution (bits; ratio to log2 N, 1 = "
+        "uniform), "
         "coefficient of variation of the counts, and experts never selected.\n\n"
-        "| source | kind | phase | entropy | ratio | CV | unused experts |\n|---|---|---|---|---|---|---|\n";
+        "| source | kind | phase | entropy | ratio | CV | unused experts "
+        "|\n|---|---|---|---|---|---|---|\n";
   for (const auto& phase : phases) {
     auto totals = usage_totals(usage, phase);
     for (size_t i = 0; i < sources.size(); ++i) {
       auto b = balance_stats(totals[i]);
-      md << fmt::format("| {} | {} | {} | {:.3f} | {:.3f} | {:.3f} | {} |\n", sources[i].name,
-                        sources[i].kind, phase, b.entropy_bits, b.entropy_ratio, b.cv,
-                        b.unused.empty() ? std::string("none") : fmt::format("{}", fmt::join(b.unused, " ")));
+      md << fmt::format(
+          "| {} | {} | {} | {:.3f} | {:.3f} | {:.3f} | {} |\n", sources[i].name, sources[i].kind,
+          phase, b.entropy_bits, b.entropy_ratio, b.cv,
+          b.unused.empty() ? std::string("none") : fmt::format("{}", fmt::join(b.unused, " ")));
     }
   }
   md << "\n## Figures\n\n";
-  for (const auto& f : out.figures) md << "![" << fs::path(f).stem().string() << "](" << fs::path(f).filename().string() << ")\n";
+  for (const auto& f : out.figures)
+    md << "![" << fs::path(f).stem().string() << "](" << fs::path(f).filename().string() << ")\n";
   out.summary = (fs::path(out_dir) / "summary.md").string();
   write_text_atomic(out.summary, md.str());
   return out;

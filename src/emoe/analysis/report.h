@@ -7,9 +7,9 @@
 namespace emoe {
 
 struct BalanceStats {
-  double entropy_bits = 0;   // of the selection distribution
-  double entropy_ratio = 0;  // entropy / log2(N): 1 = perfectly balanced
-  double cv = 0;             // coefficient of variation of the counts
+  double entropy_bits = 0;      // of the selection distribution
+  double entropy_ratio = 0;     // entropy / log2(N): 1 = perfectly balanced
+  double cv = 0;                // coefficient of variation of the counts
   std::vector<int64_t> unused;  // experts never selected
 };
 BalanceStats balance_stats(const std::vector<double>& counts);

@@ -28,8 +28,8 @@ class RuntimeError : public std::runtime_error {
 }  // namespace emoe
 
 // EMOE_CHECK(cond, InputError, "{}: field '{}': expected {}, got {}", file, field, a, b)
-#define EMOE_CHECK(cond, ErrorType, ...)                   \
-  do {                                                     \
+#define EMOE_CHECK(cond, ErrorType, ...)                            \
+  do {                                                              \
     if (!(cond)) throw ::emoe::ErrorType(fmt::format(__VA_ARGS__)); \
   } while (0)
 

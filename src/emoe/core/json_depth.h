@@ -1,7 +1,6 @@
 // Parsing JSON files with a nesting limit.
 #pragma once
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <utility>
 
@@ -18,15 +17,14 @@ constexpr int kMaxJsonDepth = 256;
 // malformed JSON still throws nlohmann's parse_error, which callers word themselves.
 template <typename Json = nlohmann::json, typename... Input>
 Json parse_json_limited(const std::string& file, Input&&... input) {
-  return Json::parse(std::forward<Input>(input)...,
-                     [&file](int depth, typename Json::parse_event_t event, Json&) {
-                       if ((event == Json::parse_event_t::object_start ||
-                            event == Json::parse_event_t::array_start) &&
-                           depth >= kMaxJsonDepth)
-                         EMOE_THROW(InputError, "{}: JSON nested deeper than {} levels", file,
-                                    kMaxJsonDepth);
-                       return true;
-                     });
+  return Json::parse(
+      std::forward<Input>(input)..., [&file](int depth, typename Json::parse_event_t event, Json&) {
+        if ((event == Json::parse_event_t::object_start ||
+             event == Json::parse_event_t::array_start) &&
+            depth >= kMaxJsonDepth)
+          EMOE_THROW(InputError, "{}: JSON nested deeper than {} levels", file, kMaxJsonDepth);
+        return true;
+      });
 }
 
 }  // namespace emoe

@@ -4,9 +4,8 @@
 #include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
-#include <torch/cuda.h>
-
 #include <malloc.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -44,10 +43,13 @@ class HeapCpuAllocator final : public c10::Allocator {
  public:
   static constexpr size_t kAlign = 64;
   c10::DataPtr allocate(size_t n) EMOE_ALLOCATOR_ALLOCATE_CONST override {
-    if (n == 0) return {nullptr, nullptr, &HeapCpuAllocator::release, c10::Device(c10::DeviceType::CPU)};
+    if (n == 0)
+      return {nullptr, nullptr, &HeapCpuAllocator::release, c10::Device(c10::DeviceType::CPU)};
     void* base = n > SIZE_MAX - kAlign ? nullptr : std::malloc(n + kAlign);
-    TORCH_CHECK(base != nullptr, "CPU allocator: not enough memory: you tried to allocate ", n, " bytes.");
-    auto addr = (reinterpret_cast<uintptr_t>(base) + sizeof(void*) + kAlign - 1) & ~(uintptr_t{kAlign} - 1);
+    TORCH_CHECK(base != nullptr, "CPU allocator: not enough memory: you tried to allocate ", n,
+                " bytes.");
+    auto addr =
+        (reinterpret_cast<uintptr_t>(base) + sizeof(void*) + kAlign - 1) & ~(uintptr_t{kAlign} - 1);
     void* data = reinterpret_cast<void*>(addr);
     static_cast<void**>(data)[-1] = base;
     return {data, data, &HeapCpuAllocator::release, c10::Device(c10::DeviceType::CPU)};
@@ -118,13 +120,20 @@ c10::ScalarType parse_dtype(const std::string& text) {
 
 std::string dtype_name(c10::ScalarType t) {
   switch (t) {
-    case c10::kFloat: return "float32";
-    case c10::kBFloat16: return "bfloat16";
-    case c10::kHalf: return "float16";
-    case c10::kDouble: return "float64";
-    case c10::kLong: return "int64";
-    case c10::kInt: return "int32";
-    default: return c10::toString(t);
+    case c10::kFloat:
+      return "float32";
+    case c10::kBFloat16:
+      return "bfloat16";
+    case c10::kHalf:
+      return "float16";
+    case c10::kDouble:
+      return "float64";
+    case c10::kLong:
+      return "int64";
+    case c10::kInt:
+      return "int32";
+    default:
+      return c10::toString(t);
   }
 }
 

@@ -33,8 +33,9 @@ nlohmann::json run_and_read_json_line(const std::string& command, const std::str
   while (fgets(buf, sizeof buf, p)) output += buf;
   const int status = pclose(p);
   const auto pos = output.find(tag);
-  EMOE_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && pos != std::string::npos, RuntimeError,
-             "{} failed (exit {}): {}", what, WIFEXITED(status) ? WEXITSTATUS(status) : -1, output);
+  EMOE_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && pos != std::string::npos,
+             RuntimeError, "{} failed (exit {}): {}", what,
+             WIFEXITED(status) ? WEXITSTATUS(status) : -1, output);
   const auto start = pos + tag.size();
   return nlohmann::json::parse(output.substr(start, output.find('\n', start) - start));
 }

@@ -2,7 +2,6 @@
 // program (so that peak memory is its own) and read back one tagged JSON line.
 #pragma once
 #include <nlohmann/json.hpp>
-
 #include <string>
 
 namespace emoe {

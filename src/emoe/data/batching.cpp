@@ -137,13 +137,16 @@ Batch collate(const std::vector<const EncodedExample*>& examples, int64_t pad_id
 Batch collate_seq2seq(const std::vector<const EncodedExample*>& examples, int64_t pad_id) {
   Batch b = collate(examples, pad_id, false, false);
   int64_t l = 1;
-  for (const auto* e : examples) l = std::max<int64_t>(l, static_cast<int64_t>(e->target_ids.size()));
-  auto labels = torch::full({static_cast<int64_t>(examples.size()), l}, kBatchIgnoreIndex, torch::kLong);
+  for (const auto* e : examples)
+    l = std::max<int64_t>(l, static_cast<int64_t>(e->target_ids.size()));
+  auto labels =
+      torch::full({static_cast<int64_t>(examples.size()), l}, kBatchIgnoreIndex, torch::kLong);
   auto lab = labels.accessor<int64_t, 2>();
   for (size_t i = 0; i < examples.size(); ++i) {
     const auto& t = examples[i]->target_ids;
     EMOE_CHECK(!t.empty(), UsageError, "collate_seq2seq: example {} has no target ids", i);
-    for (size_t j = 0; j < t.size(); ++j) lab[static_cast<int64_t>(i)][static_cast<int64_t>(j)] = t[j];
+    for (size_t j = 0; j < t.size(); ++j)
+      lab[static_cast<int64_t>(i)][static_cast<int64_t>(j)] = t[j];
   }
   b.labels = labels;
   return b;

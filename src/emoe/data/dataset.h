@@ -10,9 +10,9 @@ namespace emoe {
 
 // What a classification / regression task is: its labels and how it is scored.
 struct TaskSpec {
-  std::string name;                 // "sst2", "cola", ... or a user-given name
-  bool regression = false;          // STS-B
-  std::vector<std::string> labels;  // label names in id order (empty for regression)
+  std::string name;                  // "sst2", "cola", ... or a user-given name
+  bool regression = false;           // STS-B
+  std::vector<std::string> labels;   // label names in id order (empty for regression)
   std::vector<std::string> metrics;  // e.g. {"accuracy", "f1"}; names as in eval/metrics.h
   std::string main_metric;           // the one that selects the best epoch
   int64_t num_labels() const { return regression ? 1 : static_cast<int64_t>(labels.size()); }
@@ -51,7 +51,7 @@ Dataset load_ood(const std::string& task, const std::string& set, const std::str
 // A generic table: TSV, CSV (RFC 4180 quoting, multi-line fields) or JSONL, with column mapping.
 struct TableSpec {
   std::string path;
-  std::string format;                 // "tsv", "csv", "jsonl" ("" = by extension)
+  std::string format;                  // "tsv", "csv", "jsonl" ("" = by extension)
   std::vector<std::string> text_cols;  // one or two column names (or 0-based indices as text)
   std::string label_col;               // name or index; "" = unlabelled
   bool header = true;                  // TSV/CSV: the first row names the columns
@@ -76,11 +76,13 @@ struct MultipleChoiceExample {
   std::vector<std::string> choices;  // 4
   int64_t answer = 0;                // 0..3
 };
-std::vector<MultipleChoiceExample> load_mmlu_csv(const std::string& path, const std::string& subject);
+std::vector<MultipleChoiceExample> load_mmlu_csv(const std::string& path,
+                                                 const std::string& subject);
 // All subjects of a split folder (e.g. data_root/instruct/mmlu/data/val), sorted by subject.
 std::vector<MultipleChoiceExample> load_mmlu_split(const std::string& dir);
 // MMLU's prompt: "The following are multiple choice questions (with answers) about <subject>.\n\n"
 // + k solved shots + the question with options "A. ..." and a final "Answer:".
-std::string mmlu_prompt(const MultipleChoiceExample& q, const std::vector<MultipleChoiceExample>& shots);
+std::string mmlu_prompt(const MultipleChoiceExample& q,
+                        const std::vector<MultipleChoiceExample>& shots);
 
 }  // namespace emoe

@@ -51,12 +51,14 @@ int64_t mixture_epoch_size(const std::vector<int64_t>& sizes, int64_t cap) {
   return static_cast<int64_t>(s);
 }
 
-std::vector<MixtureDraw> mixture_epoch(const std::vector<int64_t>& sizes, const std::vector<double>& rates,
+std::vector<MixtureDraw> mixture_epoch(const std::vector<int64_t>& sizes,
+                                       const std::vector<double>& rates,
                                        const std::vector<int64_t>& templates, int64_t epoch_size,
                                        uint64_t seed, int64_t epoch) {
   const size_t k = sizes.size();
   EMOE_CHECK(rates.size() == k && templates.size() == k, UsageError,
-             "mixture_epoch: {} sizes, {} rates, {} template counts", k, rates.size(), templates.size());
+             "mixture_epoch: {} sizes, {} rates, {} template counts", k, rates.size(),
+             templates.size());
   // task shares: floor of rate * size, the rest to the largest remainders (ties: lower task)
   std::vector<int64_t> count(k);
   std::vector<std::pair<double, size_t>> rem;
@@ -67,7 +69,8 @@ std::vector<MixtureDraw> mixture_epoch(const std::vector<int64_t>& sizes, const 
     given += count[t];
     if (sizes[t] > 0) rem.emplace_back(exact - std::floor(exact), t);
   }
-  std::stable_sort(rem.begin(), rem.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::stable_sort(rem.begin(), rem.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
   for (size_t i = 0; given < epoch_size && !rem.empty(); i = (i + 1) % rem.size(), ++given)
     count[rem[i].second] += 1;
 

@@ -36,7 +36,8 @@ struct MixtureDraw {
 // (largest remainders), its examples taken in a seeded permutation (repeated when the share
 // exceeds the task's size), each with a template drawn uniformly from templates[t]; the whole
 // list shuffled. Depends only on the arguments.
-std::vector<MixtureDraw> mixture_epoch(const std::vector<int64_t>& sizes, const std::vector<double>& rates,
+std::vector<MixtureDraw> mixture_epoch(const std::vector<int64_t>& sizes,
+                                       const std::vector<double>& rates,
                                        const std::vector<int64_t>& templates, int64_t epoch_size,
                                        uint64_t seed, int64_t epoch);
 

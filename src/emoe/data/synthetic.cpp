@@ -18,10 +18,12 @@ struct Domain {
   Words subjects, own_positive, own_negative, openers_pos, openers_neg, extras;
 };
 
-const Words kPositive = {"great", "wonderful", "delightful", "superb", "excellent", "charming",
-                         "brilliant", "lovely", "fantastic", "enjoyable", "impressive", "pleasant"};
-const Words kNegative = {"terrible", "awful", "boring", "dreadful", "disappointing", "mediocre",
-                         "poor", "horrible", "dull", "annoying", "weak", "unpleasant"};
+const Words kPositive = {"great",     "wonderful", "delightful", "superb",
+                         "excellent", "charming",  "brilliant",  "lovely",
+                         "fantastic", "enjoyable", "impressive", "pleasant"};
+const Words kNegative = {"terrible",      "awful",    "boring", "dreadful",
+                         "disappointing", "mediocre", "poor",   "horrible",
+                         "dull",          "annoying", "weak",   "unpleasant"};
 const Words kIntensifiers = {"really", "truly", "quite", "very", "so", "rather", "pretty"};
 const Words kVerbs = {"was", "is", "felt", "seemed", "looked"};
 
@@ -35,20 +37,23 @@ const Domain kFilms = {
     {"it opened last week", "it runs two hours", "it was shot in winter", "the sequel is coming"}};
 
 const Domain kRestaurants = {
-    {"the food", "this place", "the service", "the waiter", "the pasta", "the dessert",
-     "the menu", "the staff", "the atmosphere", "the wine", "the soup", "the kitchen"},
+    {"the food", "this place", "the service", "the waiter", "the pasta", "the dessert", "the menu",
+     "the staff", "the atmosphere", "the wine", "the soup", "the kitchen"},
     {"delicious", "tasty", "fresh", "friendly", "cozy", "flavorful"},
     {"stale", "greasy", "rude", "bland", "overpriced", "cold"},
     {"i loved it", "we will come back", "highly recommended", "the guests smiled"},
     {"we left early", "never again", "i would avoid it", "the guests complained"},
-    {"it opened last week", "it seats forty people", "they take reservations", "parking is nearby"}};
+    {"it opened last week", "it seats forty people", "they take reservations",
+     "parking is nearby"}};
 
 template <typename T>
 const T& pick(const std::vector<T>& v, std::mt19937_64& rng) {
   return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(rng)];
 }
 
-bool coin(std::mt19937_64& rng, double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
+bool coin(std::mt19937_64& rng, double p) {
+  return std::uniform_real_distribution<double>(0, 1)(rng) < p;
+}
 
 // "the plot was not really gripping" with its polarity (1 = positive).
 std::pair<std::string, int64_t> clause(const Domain& d, std::mt19937_64& rng) {

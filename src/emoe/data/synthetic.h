@@ -14,7 +14,7 @@ struct SyntheticReview {
 };
 
 struct SyntheticData {
-  std::vector<std::string> corpus;  // unlabelled, both domains
+  std::vector<std::string> corpus;          // unlabelled, both domains
   std::vector<SyntheticReview> train, dev;  // in domain (films)
   std::vector<SyntheticReview> ood;         // out of domain (restaurants)
 };

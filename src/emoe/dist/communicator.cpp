@@ -10,10 +10,10 @@
 #else
 #define EMOE_HAVE_GLOO 0
 #endif
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "emoe/core/error.h"
 
@@ -31,17 +31,20 @@ int env_int(const char* name, int fallback, int min_value) {
 }
 
 #if EMOE_HAVE_GLOO
-std::string collective_failure(const DistOptions& o, const std::string& what, const std::exception& e) {
+std::string collective_failure(const DistOptions& o, const std::string& what,
+                               const std::exception& e) {
   std::string msg = e.what();
   if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
   return fmt::format(
-      "distributed: rank {} of {}: {} failed (another worker died, or none answered within {} s): {}",
+      "distributed: rank {} of {}: {} failed (another worker died, or none answered within {} s): "
+      "{}",
       o.rank, o.world_size, what, o.timeout_s, msg);
 }
 
 class GlooPending : public PendingCollective {
  public:
-  GlooPending(c10::intrusive_ptr<c10d::Work> work, const DistOptions& o) : work_(std::move(work)), o_(o) {}
+  GlooPending(c10::intrusive_ptr<c10d::Work> work, const DistOptions& o)
+      : work_(std::move(work)), o_(o) {}
   void wait() override {
     try {
       work_->wait();
@@ -55,7 +58,9 @@ class GlooPending : public PendingCollective {
   DistOptions o_;
 };
 #else
-[[noreturn]] void no_process_group() { EMOE_THROW(RuntimeError, "distributed: no process group in this build"); }
+[[noreturn]] void no_process_group() {
+  EMOE_THROW(RuntimeError, "distributed: no process group in this build");
+}
 #endif
 
 }  // namespace
@@ -74,10 +79,10 @@ DistOptions DistOptions::from_env() {
     EMOE_CHECK(end != t && *end == '\0' && o.timeout_s > 0, UsageError,
                "environment variable EMOE_DIST_TIMEOUT: expected seconds > 0, got '{}'", t);
   }
-  EMOE_CHECK(o.rank < o.world_size, UsageError, "environment variable RANK: expected < WORLD_SIZE {}, got {}",
-             o.world_size, o.rank);
-  EMOE_CHECK(o.master_port <= 65535, UsageError, "environment variable MASTER_PORT: expected <= 65535, got {}",
-             o.master_port);
+  EMOE_CHECK(o.rank < o.world_size, UsageError,
+             "environment variable RANK: expected < WORLD_SIZE {}, got {}", o.world_size, o.rank);
+  EMOE_CHECK(o.master_port <= 65535, UsageError,
+             "environment variable MASTER_PORT: expected <= 65535, got {}", o.master_port);
   return o;
 }
 
@@ -87,7 +92,8 @@ struct Communicator::Impl {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
 };
 
-Communicator::Communicator(const DistOptions& options) : options_(options), impl_(std::make_unique<Impl>()) {
+Communicator::Communicator(const DistOptions& options)
+    : options_(options), impl_(std::make_unique<Impl>()) {
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
   try {
     c10d::TCPStoreOptions so;
@@ -105,7 +111,8 @@ Communicator::Communicator(const DistOptions& options) : options_(options), impl
   } catch (const std::exception& e) {
     std::string msg = e.what();
     if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
-    EMOE_THROW(RuntimeError, "distributed: rank {} of {}: rendezvous at {}:{} failed within {} s: {}",
+    EMOE_THROW(RuntimeError,
+               "distributed: rank {} of {}: rendezvous at {}:{} failed within {} s: {}",
                options.rank, options.world_size, options.master_addr, options.master_port,
                options.timeout_s, msg);
   }
@@ -122,7 +129,9 @@ std::unique_ptr<PendingCollective> Communicator::all_reduce_sum_async(at::Tensor
   }
 }
 
-void Communicator::all_reduce_sum(at::Tensor& t) { all_reduce_sum_async(t)->wait(); }
+void Communicator::all_reduce_sum(at::Tensor& t) {
+  all_reduce_sum_async(t)->wait();
+}
 
 std::vector<double> Communicator::all_reduce_sum(const std::vector<double>& values) {
   auto t = torch::tensor(values, torch::kFloat64);
@@ -155,7 +164,8 @@ std::vector<std::vector<double>> Communicator::all_gather(const std::vector<doub
   // each rank writes its values into its own row of a zero matrix; a sum gathers them
   auto m = torch::zeros({n, std::max<int64_t>(1, longest)}, torch::kFloat64);
   if (!values.empty())
-    m[rank()].narrow(0, 0, static_cast<int64_t>(values.size()))
+    m[rank()]
+        .narrow(0, 0, static_cast<int64_t>(values.size()))
         .copy_(torch::tensor(values, torch::kFloat64));
   all_reduce_sum(m);
   std::vector<std::vector<double>> out(static_cast<size_t>(n));
@@ -187,12 +197,24 @@ Communicator::Communicator(const DistOptions& options) : options_(options) {
              options.world_size);
 }
 Communicator::~Communicator() = default;
-std::unique_ptr<PendingCollective> Communicator::all_reduce_sum_async(at::Tensor&) { no_process_group(); }
-void Communicator::all_reduce_sum(at::Tensor&) { no_process_group(); }
-std::vector<double> Communicator::all_reduce_sum(const std::vector<double>&) { no_process_group(); }
-void Communicator::broadcast(std::vector<at::Tensor>&, int) { no_process_group(); }
-std::vector<std::vector<double>> Communicator::all_gather(const std::vector<double>&) { no_process_group(); }
-void Communicator::barrier() { no_process_group(); }
+std::unique_ptr<PendingCollective> Communicator::all_reduce_sum_async(at::Tensor&) {
+  no_process_group();
+}
+void Communicator::all_reduce_sum(at::Tensor&) {
+  no_process_group();
+}
+std::vector<double> Communicator::all_reduce_sum(const std::vector<double>&) {
+  no_process_group();
+}
+void Communicator::broadcast(std::vector<at::Tensor>&, int) {
+  no_process_group();
+}
+std::vector<std::vector<double>> Communicator::all_gather(const std::vector<double>&) {
+  no_process_group();
+}
+void Communicator::barrier() {
+  no_process_group();
+}
 
 #endif
 

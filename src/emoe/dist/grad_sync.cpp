@@ -26,8 +26,9 @@ namespace {
 class ReadyHook : public torch::autograd::FunctionPostHook {
  public:
   explicit ReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
     fn_();
     return outputs;
   }
@@ -45,7 +46,8 @@ GradientSync::GradientSync(Communicator& comm, std::vector<at::Tensor> params, i
   int64_t bytes = 0;
   for (size_t k = params_.size(); k-- > 0;) {
     const auto& p = params_[k];
-    EMOE_CHECK(p.requires_grad(), RuntimeError, "GradientSync: parameter {} does not require a gradient", k);
+    EMOE_CHECK(p.requires_grad(), RuntimeError,
+               "GradientSync: parameter {} does not require a gradient", k);
     const int64_t nb = p.numel() * static_cast<int64_t>(p.element_size());
     if (buckets_.empty() || bytes + nb > bucket_bytes ||
         params_[buckets_.back()->members.front()].dtype() != p.dtype() ||
@@ -70,7 +72,9 @@ GradientSync::GradientSync(Communicator& comm, std::vector<at::Tensor> params, i
 
 GradientSync::~GradientSync() = default;
 
-int64_t GradientSync::buckets() const { return static_cast<int64_t>(buckets_.size()); }
+int64_t GradientSync::buckets() const {
+  return static_cast<int64_t>(buckets_.size());
+}
 
 void GradientSync::arm() {
   for (auto& b : buckets_) b->ready = 0, b->pending.reset();
@@ -116,7 +120,8 @@ void GradientSync::finish() {
     auto& b = *bp;
     b.pending->wait();
     b.pending.reset();
-    auto flags = b.buffer.narrow(0, b.numel, static_cast<int64_t>(b.members.size())).to(torch::kCPU);
+    auto flags =
+        b.buffer.narrow(0, b.numel, static_cast<int64_t>(b.members.size())).to(torch::kCPU);
     for (size_t i = 0; i < b.members.size(); ++i) {
       auto& p = params_[b.members[i]];
       if (flags[static_cast<int64_t>(i)].item<double>() == 0) {

@@ -27,13 +27,15 @@ std::vector<std::string> own_command_line() {
   size_t start = 0;
   for (size_t i = 0; i < all.size(); ++i)
     if (all[i] == '\0') out.push_back(all.substr(start, i - start)), start = i + 1;
-  EMOE_CHECK(!out.empty(), RuntimeError, "/proc/self/cmdline: cannot read this process's command line");
+  EMOE_CHECK(!out.empty(), RuntimeError,
+             "/proc/self/cmdline: cannot read this process's command line");
   return out;
 }
 
 int free_tcp_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  EMOE_CHECK(fd >= 0, RuntimeError, "cannot open a socket to find a free port: {}", std::strerror(errno));
+  EMOE_CHECK(fd >= 0, RuntimeError, "cannot open a socket to find a free port: {}",
+             std::strerror(errno));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -42,7 +44,8 @@ int free_tcp_port() {
   const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
                   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
   ::close(fd);
-  EMOE_CHECK(ok, RuntimeError, "cannot find a free TCP port on 127.0.0.1: {}", std::strerror(errno));
+  EMOE_CHECK(ok, RuntimeError, "cannot find a free TCP port on 127.0.0.1: {}",
+             std::strerror(errno));
   return ntohs(a.sin_port);
 }
 
@@ -73,7 +76,8 @@ LaunchResult launch_local_workers(const LaunchOptions& o, const std::vector<std:
     }
     pids.push_back(pid);
   }
-  spdlog::info("started {} workers (rendezvous {}:{}, timeout {} s)", o.nproc, o.master_addr, port, o.timeout_s);
+  spdlog::info("started {} workers (rendezvous {}:{}, timeout {} s)", o.nproc, o.master_addr, port,
+               o.timeout_s);
   LaunchResult result;
   int running = o.nproc;
   bool stopping = false;
@@ -99,12 +103,14 @@ LaunchResult launch_local_workers(const LaunchOptions& o, const std::vector<std:
     running -= 1;
     const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     if (failed && !stopping) {
-      const std::string why = WIFSIGNALED(status) ? fmt::format("was killed by signal {} ({})", WTERMSIG(status),
-                                                                strsignal(WTERMSIG(status)))
-                                                  : fmt::format("exited with code {}", WEXITSTATUS(status));
-      result.message = fmt::format("distributed job failed: worker {} of {} (pid {}) {}; the other {} worker(s) "
-                                   "were stopped (the run can continue with --resume)",
-                                   rank, o.nproc, pid, why, running);
+      const std::string why = WIFSIGNALED(status)
+                                  ? fmt::format("was killed by signal {} ({})", WTERMSIG(status),
+                                                strsignal(WTERMSIG(status)))
+                                  : fmt::format("exited with code {}", WEXITSTATUS(status));
+      result.message = fmt::format(
+          "distributed job failed: worker {} of {} (pid {}) {}; the other {} worker(s) "
+          "were stopped (the run can continue with --resume)",
+          rank, o.nproc, pid, why, running);
       result.code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
       stopping = true;
       stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);

@@ -10,16 +10,18 @@ namespace emoe {
 struct LaunchOptions {
   int nproc = 1;
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;      // 0: a free port on this machine
-  double timeout_s = 300;   // passed on as EMOE_DIST_TIMEOUT
+  int master_port = 0;     // 0: a free port on this machine
+  double timeout_s = 300;  // passed on as EMOE_DIST_TIMEOUT
 };
 
 struct LaunchResult {
-  int code = 0;         // 0 when every worker succeeded; else the first failing worker's code (1 for a signal)
+  int code =
+      0;  // 0 when every worker succeeded; else the first failing worker's code (1 for a signal)
   std::string message;  // which worker failed and how
 };
 // `args` is the full command line (args[0] is replaced by this program's path).
-LaunchResult launch_local_workers(const LaunchOptions& options, const std::vector<std::string>& args);
+LaunchResult launch_local_workers(const LaunchOptions& options,
+                                  const std::vector<std::string>& args);
 
 // This process's command line (/proc/self/cmdline).
 std::vector<std::string> own_command_line();

@@ -21,9 +21,11 @@ struct EvalModeGuard {
 };
 
 // This shard's examples: rank, rank + size, ...
-std::vector<const EncodedExample*> shard_of(const std::vector<EncodedExample>& data, const EvalShard& shard) {
+std::vector<const EncodedExample*> shard_of(const std::vector<EncodedExample>& data,
+                                            const EvalShard& shard) {
   std::vector<const EncodedExample*> out;
-  for (size_t i = static_cast<size_t>(shard.rank); i < data.size(); i += static_cast<size_t>(shard.size))
+  for (size_t i = static_cast<size_t>(shard.rank); i < data.size();
+       i += static_cast<size_t>(shard.size))
     out.push_back(&data[i]);
   return out;
 }
@@ -41,7 +43,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 EvalOutput evaluate_classifier(PretrainedModelImpl& model, const std::vector<EncodedExample>& data,
                                const TaskSpec& task, int64_t batch_size, int64_t pad_id,
-                               const std::vector<int64_t>& prediction_labels, const EvalShard& shard) {
+                               const std::vector<int64_t>& prediction_labels,
+                               const EvalShard& shard) {
   auto t0 = std::chrono::steady_clock::now();
   EvalModeGuard guard(model);
   torch::NoGradGuard no_grad;
@@ -50,9 +53,10 @@ EvalOutput evaluate_classifier(PretrainedModelImpl& model, const std::vector<Enc
   std::vector<double> pred, gold;
   double loss_sum = 0;
   for (size_t b = 0; b < mine.size(); b += static_cast<size_t>(batch_size)) {
-    std::vector<const EncodedExample*> ex(mine.begin() + static_cast<std::ptrdiff_t>(b),
-                                          mine.begin() + static_cast<std::ptrdiff_t>(
-                                                             std::min(mine.size(), b + static_cast<size_t>(batch_size))));
+    std::vector<const EncodedExample*> ex(
+        mine.begin() + static_cast<std::ptrdiff_t>(b),
+        mine.begin() + static_cast<std::ptrdiff_t>(
+                           std::min(mine.size(), b + static_cast<size_t>(batch_size))));
     auto batch = collate(ex, pad_id, task.regression, false);
     ModelInputs in;
     in.input_ids = batch.input_ids.to(dev);
@@ -101,8 +105,8 @@ namespace {
 // The mean per-token loss of a language model over `data`: `seq2seq` collates text-to-text
 // examples (every label token counts), otherwise causal LM examples (the labels after the first
 // position count, as the loss is shifted).
-EvalOutput token_loss(PretrainedModelImpl& model, const std::vector<EncodedExample>& data, int64_t batch_size,
-                      int64_t pad_id, const EvalShard& shard, bool seq2seq) {
+EvalOutput token_loss(PretrainedModelImpl& model, const std::vector<EncodedExample>& data,
+                      int64_t batch_size, int64_t pad_id, const EvalShard& shard, bool seq2seq) {
   auto t0 = std::chrono::steady_clock::now();
   EvalModeGuard guard(model);
   torch::NoGradGuard no_grad;
@@ -110,16 +114,18 @@ EvalOutput token_loss(PretrainedModelImpl& model, const std::vector<EncodedExamp
   const auto mine = shard_of(data, shard);
   double nll = 0, tokens = 0;
   for (size_t b = 0; b < mine.size(); b += static_cast<size_t>(batch_size)) {
-    std::vector<const EncodedExample*> ex(mine.begin() + static_cast<std::ptrdiff_t>(b),
-                                          mine.begin() + static_cast<std::ptrdiff_t>(
-                                                             std::min(mine.size(), b + static_cast<size_t>(batch_size))));
+    std::vector<const EncodedExample*> ex(
+        mine.begin() + static_cast<std::ptrdiff_t>(b),
+        mine.begin() + static_cast<std::ptrdiff_t>(
+                           std::min(mine.size(), b + static_cast<size_t>(batch_size))));
     auto batch = seq2seq ? collate_seq2seq(ex, pad_id) : collate(ex, pad_id, false, true);
     ModelInputs in;
     in.input_ids = batch.input_ids.to(dev);
     in.attention_mask = batch.attention_mask.to(dev);
     in.labels = batch.labels.to(dev);
     auto out = model.forward(in);
-    const auto counted = seq2seq ? batch.labels : batch.labels.narrow(1, 1, batch.labels.size(1) - 1);
+    const auto counted =
+        seq2seq ? batch.labels : batch.labels.narrow(1, 1, batch.labels.size(1) - 1);
     double n = (counted != -100).sum().item<double>();
     if (n > 0) nll += out.loss.item<double>() * n;
     tokens += n;
@@ -145,8 +151,9 @@ EvalOutput evaluate_lm_loss(PretrainedModelImpl& model, const std::vector<Encode
   return o;
 }
 
-EvalOutput evaluate_seq2seq_loss(PretrainedModelImpl& model, const std::vector<EncodedExample>& data,
-                                 int64_t batch_size, int64_t pad_id, const EvalShard& shard) {
+EvalOutput evaluate_seq2seq_loss(PretrainedModelImpl& model,
+                                 const std::vector<EncodedExample>& data, int64_t batch_size,
+                                 int64_t pad_id, const EvalShard& shard) {
   return token_loss(model, data, batch_size, pad_id, shard, true);
 }
 
@@ -177,8 +184,8 @@ std::vector<int64_t> answer_letter_tokens(const Tokenizer& tok) {
 }
 
 MultipleChoiceResult evaluate_multiple_choice(
-    const std::function<at::Tensor(const std::vector<int64_t>&)>& next_logits,
-    const Tokenizer& tok, const std::vector<MultipleChoiceExample>& questions,
+    const std::function<at::Tensor(const std::vector<int64_t>&)>& next_logits, const Tokenizer& tok,
+    const std::vector<MultipleChoiceExample>& questions,
     const std::vector<MultipleChoiceExample>& dev, int64_t shots, int64_t max_length) {
   auto letters = answer_letter_tokens(tok);
   std::map<std::string, std::pair<int64_t, int64_t>> per;  // subject -> (correct, total)
@@ -198,8 +205,11 @@ MultipleChoiceResult evaluate_multiple_choice(
   }
   MultipleChoiceResult r;
   r.questions = static_cast<int64_t>(questions.size());
-  r.accuracy = questions.empty() ? 0 : 100.0 * static_cast<double>(correct) / static_cast<double>(r.questions);
-  for (const auto& [s, c] : per) r.per_subject[s] = 100.0 * static_cast<double>(c.first) / static_cast<double>(c.second);
+  r.accuracy = questions.empty()
+                   ? 0
+                   : 100.0 * static_cast<double>(correct) / static_cast<double>(r.questions);
+  for (const auto& [s, c] : per)
+    r.per_subject[s] = 100.0 * static_cast<double>(c.first) / static_cast<double>(c.second);
   return r;
 }
 

@@ -42,8 +42,9 @@ EvalOutput evaluate_lm_loss(PretrainedModelImpl& model, const std::vector<Encode
                             int64_t batch_size, int64_t pad_id, const EvalShard& shard = {});
 
 // Mean per-token loss of an encoder-decoder model over text-to-text examples (target_ids).
-EvalOutput evaluate_seq2seq_loss(PretrainedModelImpl& model, const std::vector<EncodedExample>& data,
-                                 int64_t batch_size, int64_t pad_id, const EvalShard& shard = {});
+EvalOutput evaluate_seq2seq_loss(PretrainedModelImpl& model,
+                                 const std::vector<EncodedExample>& data, int64_t batch_size,
+                                 int64_t pad_id, const EvalShard& shard = {});
 
 // Multiple choice by the likelihood of the answer letter: `next_logits(ids)` returns the logits
 // [V] of the token after `ids`; the choice whose letter token scores highest wins.
@@ -59,8 +60,8 @@ struct MultipleChoiceResult {
 // MMLU: k-shot prompts (shots from `dev` of the same subject), prompts longer than max_length
 // keep their last max_length tokens.
 MultipleChoiceResult evaluate_multiple_choice(
-    const std::function<at::Tensor(const std::vector<int64_t>&)>& next_logits,
-    const Tokenizer& tok, const std::vector<MultipleChoiceExample>& questions,
+    const std::function<at::Tensor(const std::vector<int64_t>&)>& next_logits, const Tokenizer& tok,
+    const std::vector<MultipleChoiceExample>& questions,
     const std::vector<MultipleChoiceExample>& dev, int64_t shots, int64_t max_length);
 // The same with a causal LM model.
 MultipleChoiceResult evaluate_mmlu(PretrainedModelImpl& model, const Tokenizer& tok,

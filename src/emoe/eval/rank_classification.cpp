@@ -34,7 +34,8 @@ std::vector<std::vector<double>> rank_choice_scores(PretrainedModelImpl& model,
   EMOE_CHECK(model.summary().encoder_decoder(), UsageError,
              "rank classification needs an encoder-decoder model; this is a {} model",
              model.summary().model_type);
-  EMOE_CHECK(options.batch_size >= 1, UsageError, "rank classification: batch size {}", options.batch_size);
+  EMOE_CHECK(options.batch_size >= 1, UsageError, "rank classification: batch size {}",
+             options.batch_size);
   RankEvalModeGuard guard(model);
   torch::NoGradGuard no_grad;
   auto ps = model.parameters();
@@ -48,7 +49,8 @@ std::vector<std::vector<double>> rank_choice_scores(PretrainedModelImpl& model,
     const auto n = static_cast<int64_t>(e - b);
     // the sources, right-padded: one encoder pass (the decoder sees only its start token here)
     int64_t s = 1;
-    for (size_t i = b; i < e; ++i) s = std::max<int64_t>(s, static_cast<int64_t>(examples[i]->source.size()));
+    for (size_t i = b; i < e; ++i)
+      s = std::max<int64_t>(s, static_cast<int64_t>(examples[i]->source.size()));
     auto ids = torch::full({n, s}, pad_id, torch::kLong);
     auto mask = torch::zeros({n, s}, torch::kLong);
     // the choices: one decoder row each, labels right-padded with -100
@@ -56,10 +58,12 @@ std::vector<std::vector<double>> rank_choice_scores(PretrainedModelImpl& model,
     int64_t l = 1;
     for (size_t i = b; i < e; ++i) {
       const auto& ex = *examples[i];
-      EMOE_CHECK(!ex.choices.empty(), UsageError, "rank classification: an example without choices");
+      EMOE_CHECK(!ex.choices.empty(), UsageError,
+                 "rank classification: an example without choices");
       const auto len = static_cast<int64_t>(ex.source.size());
       if (len > 0) {
-        ids[static_cast<int64_t>(i - b)].narrow(0, 0, len).copy_(torch::tensor(ex.source, torch::kLong));
+        ids[static_cast<int64_t>(i - b)].narrow(0, 0, len).copy_(
+            torch::tensor(ex.source, torch::kLong));
         mask[static_cast<int64_t>(i - b)].narrow(0, 0, len).fill_(1);
       }
       for (const auto& c : ex.choices) {
@@ -73,12 +77,15 @@ std::vector<std::vector<double>> rank_choice_scores(PretrainedModelImpl& model,
     int64_t r = 0;
     for (size_t i = b; i < e; ++i)
       for (const auto& c : examples[i]->choices)
-        labels[r++].narrow(0, 0, static_cast<int64_t>(c.size())).copy_(torch::tensor(c, torch::kLong));
+        labels[r++]
+            .narrow(0, 0, static_cast<int64_t>(c.size()))
+            .copy_(torch::tensor(c, torch::kLong));
 
     ModelInputs enc_in;
     enc_in.input_ids = ids.to(dev);
     enc_in.attention_mask = mask.to(dev);
-    enc_in.decoder_input_ids = torch::full({n, 1}, start, torch::TensorOptions(torch::kLong).device(dev));
+    enc_in.decoder_input_ids =
+        torch::full({n, 1}, start, torch::TensorOptions(torch::kLong).device(dev));
     auto enc = model.forward(enc_in).encoder_last_hidden_state;
 
     auto pick = torch::tensor(row_example, torch::kLong).to(dev);
@@ -90,7 +97,8 @@ std::vector<std::vector<double>> rank_choice_scores(PretrainedModelImpl& model,
     auto logp = torch::log_softmax(logits, -1);
     auto lab = in.labels;
     auto valid = lab != -100;
-    auto tok = logp.gather(-1, lab.clamp_min(0).unsqueeze(-1)).squeeze(-1) * valid.to(torch::kFloat);
+    auto tok =
+        logp.gather(-1, lab.clamp_min(0).unsqueeze(-1)).squeeze(-1) * valid.to(torch::kFloat);
     auto score = tok.sum(1);
     if (options.length_normalize) score = score / valid.sum(1).clamp_min(1).to(torch::kFloat);
     auto sc = score.to(torch::kCPU).to(torch::kDouble).contiguous();
@@ -105,13 +113,15 @@ std::vector<std::vector<double>> rank_choice_scores(PretrainedModelImpl& model,
   return out;
 }
 
-RankResult evaluate_rank_classification(PretrainedModelImpl& model, const std::vector<RankExample>& data,
-                                        int64_t num_templates, int64_t pad_id, const RankOptions& options,
+RankResult evaluate_rank_classification(PretrainedModelImpl& model,
+                                        const std::vector<RankExample>& data, int64_t num_templates,
+                                        int64_t pad_id, const RankOptions& options,
                                         const EvalShard& shard) {
   auto t0 = std::chrono::steady_clock::now();
   EMOE_CHECK(num_templates >= 1, UsageError, "rank classification: {} templates", num_templates);
   std::vector<const RankExample*> mine;
-  for (size_t i = static_cast<size_t>(shard.rank); i < data.size(); i += static_cast<size_t>(shard.size))
+  for (size_t i = static_cast<size_t>(shard.rank); i < data.size();
+       i += static_cast<size_t>(shard.size))
     mine.push_back(&data[i]);
   auto scores = rank_choice_scores(model, mine, pad_id, options);
   // per template: correct, total
@@ -134,7 +144,8 @@ RankResult evaluate_rank_classification(PretrainedModelImpl& model, const std::v
   RankResult res;
   for (int64_t t = 0; t < num_templates; ++t) {
     const double total = counts[static_cast<size_t>(2 * t + 1)];
-    res.template_accuracy.push_back(total > 0 ? 100.0 * counts[static_cast<size_t>(2 * t)] / total : 0.0);
+    res.template_accuracy.push_back(total > 0 ? 100.0 * counts[static_cast<size_t>(2 * t)] / total
+                                              : 0.0);
   }
   res.median_accuracy = median_of(res.template_accuracy);
   res.examples = static_cast<int64_t>(data.size());

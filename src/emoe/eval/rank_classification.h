@@ -37,8 +37,9 @@ struct RankResult {
 
 // Accuracy per template (examples with templ in [0, num_templates)) and their median; a
 // data-parallel run scores the shard rank, rank + size, ... and sums the counts over ranks.
-RankResult evaluate_rank_classification(PretrainedModelImpl& model, const std::vector<RankExample>& data,
-                                        int64_t num_templates, int64_t pad_id, const RankOptions& options,
+RankResult evaluate_rank_classification(PretrainedModelImpl& model,
+                                        const std::vector<RankExample>& data, int64_t num_templates,
+                                        int64_t pad_id, const RankOptions& options,
                                         const EvalShard& shard = {});
 
 // The median (the mean of the two middle values for an even count); 0 for none.

@@ -19,8 +19,8 @@ namespace fs = std::filesystem;
 void write_file_atomic(const std::string& path, const std::function<void(std::ostream&)>& write) {
   fs::path target(path);
   std::random_device rd;
-  std::string tmp = (target.parent_path() / ("." + target.filename().string() + ".tmp" +
-                                             std::to_string(rd() % 1000000)))
+  std::string tmp = (target.parent_path() /
+                     ("." + target.filename().string() + ".tmp" + std::to_string(rd() % 1000000)))
                         .string();
   try {
     {

@@ -59,7 +59,8 @@ int64_t JsonFields::get_int(const std::string& key, int64_t fallback) const {
 
 double JsonFields::get_double(const std::string& key) const {
   const json& v = at(key);
-  if (!v.is_number()) fail(key, fmt::format("expected a number, got {} {}", v.type_name(), v.dump()));
+  if (!v.is_number())
+    fail(key, fmt::format("expected a number, got {} {}", v.type_name(), v.dump()));
   return v.get<double>();
 }
 
@@ -76,7 +77,8 @@ bool JsonFields::get_bool(const std::string& key, bool fallback) const {
 
 std::string JsonFields::get_string(const std::string& key) const {
   const json& v = at(key);
-  if (!v.is_string()) fail(key, fmt::format("expected a string, got {} {}", v.type_name(), v.dump()));
+  if (!v.is_string())
+    fail(key, fmt::format("expected a string, got {} {}", v.type_name(), v.dump()));
   return v.get<std::string>();
 }
 
@@ -89,7 +91,8 @@ std::vector<int64_t> JsonFields::get_int_list(const std::string& key) const {
   const json& v = j_.at(key);
   std::vector<int64_t> out;
   if (v.is_number_integer()) return {v.get<int64_t>()};
-  if (!v.is_array()) fail(key, fmt::format("expected an integer or a list of integers, got {}", v.dump()));
+  if (!v.is_array())
+    fail(key, fmt::format("expected an integer or a list of integers, got {}", v.dump()));
   for (const auto& x : v) {
     if (!x.is_number_integer()) fail(key, fmt::format("expected integers, got {}", x.dump()));
     out.push_back(x.get<int64_t>());
@@ -101,8 +104,8 @@ JsonFields read_model_config(const std::string& model_dir) {
   namespace fs = std::filesystem;
   EMOE_CHECK(fs::is_directory(model_dir), InputError, "{}: not a model directory", model_dir);
   auto path = (fs::path(model_dir) / "config.json").string();
-  EMOE_CHECK(fs::exists(path), InputError, "{}: missing config.json (not a Hugging Face model folder?)",
-             model_dir);
+  EMOE_CHECK(fs::exists(path), InputError,
+             "{}: missing config.json (not a Hugging Face model folder?)", model_dir);
   return JsonFields::from_file(path);
 }
 

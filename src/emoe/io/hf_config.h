@@ -1,8 +1,7 @@
 // Typed reading of JSON config files (config.json, moe.json, ...) with file+field error messages.
 #pragma once
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>

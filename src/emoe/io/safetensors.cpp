@@ -31,9 +31,9 @@ struct DtypeInfo {
 
 std::optional<DtypeInfo> dtype_info(const std::string& s) {
   static const std::map<std::string, DtypeInfo> table = {
-      {"F64", {c10::kDouble, 8}}, {"F32", {c10::kFloat, 4}},  {"F16", {c10::kHalf, 2}},
-      {"BF16", {c10::kBFloat16, 2}}, {"I64", {c10::kLong, 8}}, {"I32", {c10::kInt, 4}},
-      {"I16", {c10::kShort, 2}},  {"I8", {c10::kChar, 1}},    {"U8", {c10::kByte, 1}},
+      {"F64", {c10::kDouble, 8}},    {"F32", {c10::kFloat, 4}}, {"F16", {c10::kHalf, 2}},
+      {"BF16", {c10::kBFloat16, 2}}, {"I64", {c10::kLong, 8}},  {"I32", {c10::kInt, 4}},
+      {"I16", {c10::kShort, 2}},     {"I8", {c10::kChar, 1}},   {"U8", {c10::kByte, 1}},
       {"BOOL", {c10::kBool, 1}}};
   auto it = table.find(s);
   if (it == table.end()) return std::nullopt;
@@ -42,17 +42,28 @@ std::optional<DtypeInfo> dtype_info(const std::string& s) {
 
 std::string dtype_code(c10::ScalarType t) {
   switch (t) {
-    case c10::kDouble: return "F64";
-    case c10::kFloat: return "F32";
-    case c10::kHalf: return "F16";
-    case c10::kBFloat16: return "BF16";
-    case c10::kLong: return "I64";
-    case c10::kInt: return "I32";
-    case c10::kShort: return "I16";
-    case c10::kChar: return "I8";
-    case c10::kByte: return "U8";
-    case c10::kBool: return "BOOL";
-    default: EMOE_THROW(InputError, "safetensors: cannot store dtype {}", c10::toString(t));
+    case c10::kDouble:
+      return "F64";
+    case c10::kFloat:
+      return "F32";
+    case c10::kHalf:
+      return "F16";
+    case c10::kBFloat16:
+      return "BF16";
+    case c10::kLong:
+      return "I64";
+    case c10::kInt:
+      return "I32";
+    case c10::kShort:
+      return "I16";
+    case c10::kChar:
+      return "I8";
+    case c10::kByte:
+      return "U8";
+    case c10::kBool:
+      return "BOOL";
+    default:
+      EMOE_THROW(InputError, "safetensors: cannot store dtype {}", c10::toString(t));
   }
 }
 
@@ -163,11 +174,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                  "truncated file?)",
                  path, name, e.begin, e.end, data_size);
       const uint64_t want = numel * static_cast<uint64_t>(info->size);
-      EMOE_CHECK(numel <= std::numeric_limits<uint64_t>::max() / info->size &&
-                     e.end - e.begin == want,
-                 InputError,
-                 "{}: tensor '{}': {} bytes in data_offsets, expected {} for {} of shape {}", path,
-                 name, e.end - e.begin, want, e.dtype, v["shape"].dump());
+      EMOE_CHECK(
+          numel <= std::numeric_limits<uint64_t>::max() / info->size && e.end - e.begin == want,
+          InputError, "{}: tensor '{}': {} bytes in data_offsets, expected {} for {} of shape {}",
+          path, name, e.end - e.begin, want, e.dtype, v["shape"].dump());
       index_[name] = entries_.size();
       entries_.push_back(std::move(e));
     }
@@ -288,7 +298,8 @@ CheckpointReader::CheckpointReader(const std::string& dir_or_file) {
   source_ = find_weights(dir_or_file);
   fs::path src(source_);
   if (src.filename() == "model.safetensors.index.json" ||
-      (src.string().size() > 11 && src.string().substr(src.string().size() - 11) == ".index.json")) {
+      (src.string().size() > 11 &&
+       src.string().substr(src.string().size() - 11) == ".index.json")) {
     std::ifstream in(source_);
     EMOE_CHECK(in.good(), InputError, "{}: cannot open", source_);
     nlohmann::json index;

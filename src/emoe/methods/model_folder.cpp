@@ -1,5 +1,5 @@
-// Model folders: config, weights, moe.json, peft.json and tokenizer files, loaded and saved together;
-// the deliverables of a finished run.
+// Model folders: config, weights, moe.json, peft.json and tokenizer files, loaded and saved
+// together; the deliverables of a finished run.
 #include "emoe/methods/model_folder.h"
 
 #include <filesystem>
@@ -13,10 +13,18 @@ namespace emoe {
 namespace fs = std::filesystem;
 
 nlohmann::json peft_config_to_json(const PeftConfig& c) {
-  return {{"format", "emoe-peft"}, {"version", 1}, {"method", to_string(c.method)},
-          {"targets", c.targets}, {"feedforward_targets", c.feedforward_targets}, {"r", c.r},
-          {"alpha", c.alpha}, {"dropout", c.dropout}, {"experts", c.experts}, {"topk", c.topk},
-          {"balance_weight", c.balance_weight}, {"seed", c.seed}};
+  return {{"format", "emoe-peft"},
+          {"version", 1},
+          {"method", to_string(c.method)},
+          {"targets", c.targets},
+          {"feedforward_targets", c.feedforward_targets},
+          {"r", c.r},
+          {"alpha", c.alpha},
+          {"dropout", c.dropout},
+          {"experts", c.experts},
+          {"topk", c.topk},
+          {"balance_weight", c.balance_weight},
+          {"seed", c.seed}};
 }
 
 PeftConfig peft_config_from_json(const JsonFields& j) {
@@ -58,7 +66,8 @@ ModelPtr load_any_model(const std::string& dir, const LoadOptions& options, MoeS
   auto moe_path = fs::path(dir) / "moe.json";
   auto peft_path = fs::path(dir) / "peft.json";
   if (fs::exists(moe_path)) moe = moe_state_from_json(JsonFields::from_file(moe_path.string()));
-  if (fs::exists(peft_path)) peft = peft_config_from_json(JsonFields::from_file(peft_path.string()));
+  if (fs::exists(peft_path))
+    peft = peft_config_from_json(JsonFields::from_file(peft_path.string()));
   auto model = load_model(dir, options, [&](PretrainedModelImpl& m) {
     if (!moe.empty()) attach_moe(m, moe);
     if (peft.method != PeftMethod::kNone) apply_peft(m, peft);
@@ -86,7 +95,8 @@ void copy_tokenizer_files(const std::string& from, const std::string& to) {
     if (fs::exists(dst) && fs::equivalent(src, dst)) continue;
     std::error_code ec;
     fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
-    EMOE_CHECK(!ec, RuntimeError, "{}: cannot copy to {}: {}", src.string(), dst.string(), ec.message());
+    EMOE_CHECK(!ec, RuntimeError, "{}: cannot copy to {}: {}", src.string(), dst.string(),
+               ec.message());
   }
 }
 
@@ -121,9 +131,9 @@ void export_run_model(PretrainedModelImpl& model, MoeState moe, PeftConfig peft,
     if (!moe.empty() && moe.config.method != MoeMethod::kGmoe) recompose_dense(model, moe);
   }
   save_any_model(model, moe, peft, model_dir, base_model);
-  spdlog::info("best model written to {}{}", model_dir,
-               moe.empty() && peft.method == PeftMethod::kNone ? " (plain Hugging Face checkpoint)"
-                                                               : "");
+  spdlog::info(
+      "best model written to {}{}", model_dir,
+      moe.empty() && peft.method == PeftMethod::kNone ? " (plain Hugging Face checkpoint)" : "");
 }
 
 }  // namespace emoe

@@ -34,7 +34,6 @@ void copy_tokenizer_files(const std::string& from, const std::string& to);
 // MoE form as trained, when the method converted layers) and adapter/ (PEFT format, LoRA and
 // (IA)^3). base_model: the folder the run started from (tokenizer files, the adapter's base).
 void export_run_model(PretrainedModelImpl& model, MoeState moe, PeftConfig peft,
-                      const std::string& run_dir, const std::string& base_model,
-                      bool export_dense);
+                      const std::string& run_dir, const std::string& base_model, bool export_dense);
 
 }  // namespace emoe

@@ -18,20 +18,28 @@ Activation parse_activation(const std::string& name, const std::string& where) {
 
 std::string activation_name(Activation a) {
   switch (a) {
-    case Activation::kGeluErf: return "gelu";
-    case Activation::kGeluTanh: return "gelu_new";
-    case Activation::kSilu: return "silu";
-    case Activation::kRelu: return "relu";
+    case Activation::kGeluErf:
+      return "gelu";
+    case Activation::kGeluTanh:
+      return "gelu_new";
+    case Activation::kSilu:
+      return "silu";
+    case Activation::kRelu:
+      return "relu";
   }
   return "?";
 }
 
 at::Tensor activate(const at::Tensor& x, Activation a) {
   switch (a) {
-    case Activation::kGeluErf: return torch::gelu(x);
-    case Activation::kGeluTanh: return torch::gelu(x, "tanh");
-    case Activation::kSilu: return torch::silu(x);
-    case Activation::kRelu: return torch::relu(x);
+    case Activation::kGeluErf:
+      return torch::gelu(x);
+    case Activation::kGeluTanh:
+      return torch::gelu(x, "tanh");
+    case Activation::kSilu:
+      return torch::silu(x);
+    case Activation::kRelu:
+      return torch::relu(x);
   }
   return x;
 }

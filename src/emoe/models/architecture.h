@@ -1,9 +1,8 @@
 // An architecture's facts, declared once in its model file and registered in architecture.cpp:
 // everything code above models/ may know about a family, asked here instead of by its name.
 #pragma once
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,9 +42,10 @@ struct PretrainShape {
 };
 
 struct Architecture {
-  std::string model_type;                   // config.json's model_type
-  std::string display_name;                 // "BERT", "GPT-2", ...
-  std::vector<std::string> class_prefixes;  // architectures[0] prefixes naming it without model_type
+  std::string model_type;    // config.json's model_type
+  std::string display_name;  // "BERT", "GPT-2", ...
+  std::vector<std::string>
+      class_prefixes;  // architectures[0] prefixes naming it without model_type
   bool encoder_decoder = false;
   // The FFN key matrix (EMoE's split clusters its rows) and whether the file stores it [in, out]
   std::string ffn_keys;

@@ -65,10 +65,14 @@ at::Tensor add_sliding_window(const at::Tensor& blocked, int64_t t, int64_t s, i
 // fully blocked row (a pad query) gives a uniform softmax instead of NaN.
 static at::Scalar lowest_value(at::ScalarType t) {
   switch (t) {
-    case at::kBFloat16: return at::Scalar(static_cast<float>(std::numeric_limits<c10::BFloat16>::lowest()));
-    case at::kHalf: return at::Scalar(-65504.0f);
-    case at::kDouble: return at::Scalar(std::numeric_limits<double>::lowest());
-    default: return at::Scalar(std::numeric_limits<float>::lowest());
+    case at::kBFloat16:
+      return at::Scalar(static_cast<float>(std::numeric_limits<c10::BFloat16>::lowest()));
+    case at::kHalf:
+      return at::Scalar(-65504.0f);
+    case at::kDouble:
+      return at::Scalar(std::numeric_limits<double>::lowest());
+    default:
+      return at::Scalar(std::numeric_limits<float>::lowest());
   }
 }
 
@@ -88,7 +92,8 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::
     vv = expand(v);
   }
   // the scale goes on q ([T, d], smaller than the [T, S] scores), and the mask is filled in place:
-  // two passes over the scores and their temporaries fewer (matmul's backward needs its inputs only)
+  // two passes over the scores and their temporaries fewer (matmul's backward needs its inputs
+  // only)
   auto scores = emoe::matmul(scale != 1.0 ? q * scale : q, kk.transpose(-2, -1));
   if (block_mask.defined()) scores.masked_fill_(block_mask, lowest_value(scores.scalar_type()));
   auto acc = q.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;

@@ -39,7 +39,8 @@ at::Tensor add_sliding_window(const at::Tensor& blocked, int64_t t, int64_t s, i
 
 // softmax(q k^T * scale, blocked -> lowest) v with q [B,Hq,T,D], k/v [B,Hkv,S,D]; Hq must be a
 // multiple of Hkv (grouped-query attention: query head h reads kv head h / (Hq/Hkv)).
-// The softmax runs in float32 (float64 for float64 inputs). `probs`, when given, receives the attention probabilities.
+// The softmax runs in float32 (float64 for float64 inputs). `probs`, when given, receives the
+// attention probabilities.
 at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& block_mask, double scale, double dropout_p,
                             bool training, at::Tensor* probs = nullptr);

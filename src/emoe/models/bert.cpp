@@ -1,4 +1,5 @@
-// BERT: config, modules named as Hugging Face's, load quirks (gamma/beta, missing "bert."), forward.
+// BERT: config, modules named as Hugging Face's, load quirks (gamma/beta, missing "bert."),
+// forward.
 #include "emoe/models/bert.h"
 
 #include <torch/torch.h>
@@ -28,19 +29,21 @@ BertConfig BertConfig::from_json(const JsonFields& j) {
   if (j.has("classifier_dropout")) c.classifier_dropout = j.get_double("classifier_dropout");
   c.layer_norm_eps = j.get_double("layer_norm_eps", c.layer_norm_eps);
   c.initializer_range = j.get_double("initializer_range", c.initializer_range);
-  c.pad_token_id = j.has("pad_token_id") ? std::optional<int64_t>(j.get_int("pad_token_id"))
-                                         : std::nullopt;
+  c.pad_token_id =
+      j.has("pad_token_id") ? std::optional<int64_t>(j.get_int("pad_token_id")) : std::nullopt;
   if (j.has("id2label") && j.raw()["id2label"].is_object())
     c.num_labels = static_cast<int64_t>(j.raw()["id2label"].size());
   c.num_labels = j.get_int("num_labels", c.num_labels);
   c.problem_type = j.get_string("problem_type", "");
 
-  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size},
+                         {"hidden_size", c.hidden_size},
                          {"num_hidden_layers", c.num_hidden_layers},
                          {"num_attention_heads", c.num_attention_heads},
                          {"intermediate_size", c.intermediate_size},
                          {"max_position_embeddings", c.max_position_embeddings},
-                         {"type_vocab_size", c.type_vocab_size}, {"num_labels", c.num_labels}})
+                         {"type_vocab_size", c.type_vocab_size},
+                         {"num_labels", c.num_labels}})
     if (v <= 0) j.fail(name, fmt::format("expected a positive integer, got {}", v));
   if (c.hidden_size % c.num_attention_heads != 0)
     j.fail("hidden_size", fmt::format("hidden_size {} is not a multiple of num_attention_heads {}",
@@ -59,7 +62,6 @@ BertConfig BertConfig::from_json(const JsonFields& j) {
 }
 
 namespace {
-
 
 class BertLayerImpl : public torch::nn::Module, public FfnSlot {
  public:
@@ -133,7 +135,8 @@ class BertModelImpl : public PretrainedModelImpl {
   BertModelImpl(const BertConfig& c, Head head) : c_(c), head_(head) {
     auto bert = register_module("bert", container());
     auto emb = bert->register_module("embeddings", container());
-    word_ = emb->register_module("word_embeddings", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+    word_ =
+        emb->register_module("word_embeddings", torch::nn::Embedding(c.vocab_size, c.hidden_size));
     pos_ = emb->register_module("position_embeddings",
                                 torch::nn::Embedding(c.max_position_embeddings, c.hidden_size));
     type_ = emb->register_module("token_type_embeddings",
@@ -158,7 +161,8 @@ class BertModelImpl : public PretrainedModelImpl {
       auto pred = cls->register_module("predictions", container());
       auto transform = pred->register_module("transform", container());
       mlm_dense_ = transform->register_module("dense", lin(c.hidden_size, c.hidden_size));
-      mlm_norm_ = transform->register_module("LayerNorm", LayerNorm(c.hidden_size, c.layer_norm_eps));
+      mlm_norm_ =
+          transform->register_module("LayerNorm", LayerNorm(c.hidden_size, c.layer_norm_eps));
       mlm_bias_ = pred->register_parameter("bias", torch::zeros({c.vocab_size}));
     }
     summary_.model_type = "bert";
@@ -181,8 +185,10 @@ class BertModelImpl : public PretrainedModelImpl {
     for (auto& p : named_parameters()) {
       const auto& k = p.key();
       if (k.find("LayerNorm") != std::string::npos) {
-        if (k.size() >= 6 && k.substr(k.size() - 6) == "weight") p.value().fill_(1.0);
-        else p.value().zero_();
+        if (k.size() >= 6 && k.substr(k.size() - 6) == "weight")
+          p.value().fill_(1.0);
+        else
+          p.value().zero_();
       } else if (k.size() >= 4 && k.substr(k.size() - 4) == "bias") {
         p.value().zero_();
       } else {
@@ -194,7 +200,8 @@ class BertModelImpl : public PretrainedModelImpl {
 
   ModelOutputs forward(const ModelInputs& in) override {
     const auto& ids = in.input_ids;
-    EMOE_CHECK(ids.dim() == 2, InputError, "input_ids: expected [batch, seq], got {} dims", ids.dim());
+    EMOE_CHECK(ids.dim() == 2, InputError, "input_ids: expected [batch, seq], got {} dims",
+               ids.dim());
     const int64_t b = ids.size(0), t = ids.size(1);
     EMOE_CHECK(t <= c_.max_position_embeddings, InputError,
                "input_ids: sequence length {} exceeds max_position_embeddings {}", t,
@@ -214,7 +221,8 @@ class BertModelImpl : public PretrainedModelImpl {
     ModelOutputs out;
     if (in.output_hidden_states) out.hidden_states.push_back(h);
     auto block = build_block_mask(in.attention_mask, t, t, /*causal=*/false, dev);
-    torch::Tensor token_mask = in.attention_mask.defined() ? in.attention_mask.to(dev) : torch::Tensor();
+    torch::Tensor token_mask =
+        in.attention_mask.defined() ? in.attention_mask.to(dev) : torch::Tensor();
     for (auto& layer : layers_) {
       torch::Tensor probs;
       h = layer->forward(h, block, token_mask, in.output_attentions ? &probs : nullptr);
@@ -227,7 +235,8 @@ class BertModelImpl : public PretrainedModelImpl {
       double p = c_.classifier_dropout.value_or(c_.hidden_dropout_prob);
       out.logits = classifier_(emoe::dropout(out.pooler_output, p, is_training()));
       if (in.labels.defined())
-        out.loss = sequence_classification_loss(out.logits, in.labels, c_.num_labels, c_.problem_type);
+        out.loss =
+            sequence_classification_loss(out.logits, in.labels, c_.num_labels, c_.problem_type);
     } else if (head_ == Head::kMaskedLM) {
       auto x = mlm_norm_(activate(mlm_dense_(h), parse_activation(c_.hidden_act, "hidden_act")));
       out.logits = torch::linear(x, word_->weight, mlm_bias_);
@@ -254,7 +263,8 @@ class BertModelImpl : public PretrainedModelImpl {
     auto starts = [&](const std::string& p) { return k.rfind(p, 0) == 0; };
     if (!starts("bert.") && !starts("cls.") && !starts("classifier.")) k = "bert." + k;
     if (k == "bert.embeddings.position_ids") return "";  // a non-persistent buffer in new files
-    if (k == "cls.predictions.decoder.weight" || k == "cls.predictions.decoder.bias") return "";  // tied
+    if (k == "cls.predictions.decoder.weight" || k == "cls.predictions.decoder.bias")
+      return "";                                     // tied
     if (starts("cls.seq_relationship.")) return "";  // BertForPreTraining's NSP head: unused
     return k;
   }
@@ -271,9 +281,12 @@ class BertModelImpl : public PretrainedModelImpl {
     for (auto& p : named_parameters()) {
       if (!is_head_key(p.key())) continue;
       const auto& k = p.key();
-      if (k.find("LayerNorm.weight") != std::string::npos) p.value().fill_(1.0);
-      else if (k.size() >= 4 && k.substr(k.size() - 4) == "bias") p.value().zero_();
-      else p.value().normal_(0.0, c_.initializer_range);
+      if (k.find("LayerNorm.weight") != std::string::npos)
+        p.value().fill_(1.0);
+      else if (k.size() >= 4 && k.substr(k.size() - 4) == "bias")
+        p.value().zero_();
+      else
+        p.value().normal_(0.0, c_.initializer_range);
     }
   }
   torch::Tensor input_embeddings() override { return word_->weight; }

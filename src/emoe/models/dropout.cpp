@@ -59,14 +59,16 @@ struct MaskParams {
 #define EMOE_DROPOUT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 EMOE_DROPOUT_CLONES
-void mask_f32(const float* __restrict in, float* __restrict out, int64_t n, uint32_t i0, MaskParams m) {
+void mask_f32(const float* __restrict in, float* __restrict out, int64_t n, uint32_t i0,
+              MaskParams m) {
   for (int64_t j = 0; j < n; ++j)
     out[j] = kept(i0 + static_cast<uint32_t>(j), m.k1, m.k2, m.threshold) ? in[j] * m.keep : 0.0f;
 }
 
 // out += mask(in) (the gradient of a dropped input added to a gradient already there)
 EMOE_DROPOUT_CLONES
-void mask_add_f32(const float* __restrict in, float* __restrict out, int64_t n, uint32_t i0, MaskParams m) {
+void mask_add_f32(const float* __restrict in, float* __restrict out, int64_t n, uint32_t i0,
+                  MaskParams m) {
   for (int64_t j = 0; j < n; ++j)
     out[j] += kept(i0 + static_cast<uint32_t>(j), m.k1, m.k2, m.threshold) ? in[j] * m.keep : 0.0f;
 }
@@ -75,7 +77,8 @@ void mask_add_f32(const float* __restrict in, float* __restrict out, int64_t n, 
 // branches (masks instead of selects), or GCC leaves the loop scalar: 3.8 ns an element against
 // 0.65 — bf16 dropout took 30 % of a bf16 BERT-base LoRA step.
 EMOE_DROPOUT_CLONES
-void mask_bf16(const uint16_t* __restrict in, uint16_t* __restrict out, int64_t n, uint32_t i0, MaskParams m) {
+void mask_bf16(const uint16_t* __restrict in, uint16_t* __restrict out, int64_t n, uint32_t i0,
+               MaskParams m) {
   for (int64_t j = 0; j < n; ++j) {
     const uint32_t h = mix32(mix32(i0 + static_cast<uint32_t>(j) + m.k1) ^ m.k2);
     const uint32_t kept_bits = 0U - static_cast<uint32_t>(h >= m.threshold);  // all ones when kept
@@ -115,7 +118,8 @@ void apply_mask(const T* in, T* out, int64_t n, uint64_t seed, double p, Kernel 
     for (int64_t i = begin; i < end;) {
       const int64_t segment_end = std::min(end, ((i >> 32) + 1) << 32);
       const uint64_t keys = splitmix64(seed + static_cast<uint64_t>(i >> 32));
-      const MaskParams m{static_cast<uint32_t>(keys), static_cast<uint32_t>(keys >> 32), threshold, keep};
+      const MaskParams m{static_cast<uint32_t>(keys), static_cast<uint32_t>(keys >> 32), threshold,
+                         keep};
       kernel(in + i, out + i, segment_end - i, static_cast<uint32_t>(i), m);
       i = segment_end;
     }
@@ -138,7 +142,8 @@ at::Tensor masked_copy(const at::Tensor& x, uint64_t seed, double p) {
       apply_mask(in.data_ptr<double>(), out.data_ptr<double>(), n, seed, p, mask_generic<double>);
       break;
     case at::kHalf:
-      apply_mask(in.data_ptr<at::Half>(), out.data_ptr<at::Half>(), n, seed, p, mask_generic<at::Half>);
+      apply_mask(in.data_ptr<at::Half>(), out.data_ptr<at::Half>(), n, seed, p,
+                 mask_generic<at::Half>);
       break;
     default:
       EMOE_THROW(UsageError, "dropout: unsupported dtype {}", c10::toString(in.scalar_type()));
@@ -148,13 +153,17 @@ at::Tensor masked_copy(const at::Tensor& x, uint64_t seed, double p) {
 
 }  // namespace
 
-uint64_t draw_dropout_seed() { return draw_seed(); }
+uint64_t draw_dropout_seed() {
+  return draw_seed();
+}
 
-void dropout_mask_into(const at::Tensor& in, const at::Tensor& out, uint64_t seed, double p, bool accumulate) {
+void dropout_mask_into(const at::Tensor& in, const at::Tensor& out, uint64_t seed, double p,
+                       bool accumulate) {
   EMOE_CHECK(in.device().is_cpu() && out.device().is_cpu() && in.scalar_type() == at::kFloat &&
                  out.scalar_type() == at::kFloat && in.is_contiguous() && out.is_contiguous() &&
                  in.numel() == out.numel(),
-             UsageError, "dropout_mask_into: expected contiguous float32 CPU tensors of equal size");
+             UsageError,
+             "dropout_mask_into: expected contiguous float32 CPU tensors of equal size");
   EMOE_CHECK(p >= 0 && p < 1, UsageError, "dropout probability must be in [0, 1), got {}", p);
   if (accumulate)
     apply_mask(in.data_ptr<float>(), out.data_ptr<float>(), in.numel(), seed, p, mask_add_f32);
@@ -189,7 +198,8 @@ at::Tensor dropout(const at::Tensor& x, double p, bool training) {
   EMOE_CHECK(p < 1, UsageError, "dropout probability must be < 1, got {}", p);
   const auto t = x.scalar_type();
   // (bfloat16 under autocast too: ATen's CPU bernoulli_ took 10 % of a bf16 BERT-base step)
-  if (!x.device().is_cpu() || (t != at::kFloat && t != at::kDouble && t != at::kBFloat16 && t != at::kHalf))
+  if (!x.device().is_cpu() ||
+      (t != at::kFloat && t != at::kDouble && t != at::kBFloat16 && t != at::kHalf))
     return torch::dropout(x, p, true);
   return DropoutFn::apply(x, p);
 }

@@ -21,6 +21,7 @@ at::Tensor dropout(const at::Tensor& x, double p, bool training);
 // to `in` and written to `out` (out += ... with accumulate). dropout(x, p, true) equals
 // dropout_mask_into(x, out, seed, p, false) for the seed it drew. Contiguous float32 CPU tensors.
 uint64_t draw_dropout_seed();
-void dropout_mask_into(const at::Tensor& in, const at::Tensor& out, uint64_t seed, double p, bool accumulate);
+void dropout_mask_into(const at::Tensor& in, const at::Tensor& out, uint64_t seed, double p,
+                       bool accumulate);
 
 }  // namespace emoe

@@ -16,7 +16,8 @@ class Routed;
 // of w_out. Plain FFN: y = w_out act(w_in x + b_in) + b_out. Gated (Llama):
 // y = w_out (act(w_in x) * (w_up x)), with w_in the gate projection.
 struct FfnView {
-  torch::Tensor w_in;   // [d_ff, d]  the keys (BERT intermediate.dense, GPT-2 c_fc^T, Llama gate_proj)
+  torch::Tensor
+      w_in;  // [d_ff, d]  the keys (BERT intermediate.dense, GPT-2 c_fc^T, Llama gate_proj)
   torch::Tensor b_in;   // [d_ff] or undefined
   torch::Tensor w_up;   // [d_ff, d] (gated FFNs only) or undefined
   torch::Tensor w_out;  // [d, d_ff]

@@ -62,7 +62,8 @@ struct BeamHypotheses {
   bool is_done(double best_sum_logprobs, int64_t cur_len) const {
     if (static_cast<int64_t>(beams.size()) < num_beams) return false;
     if (early_stopping) return true;
-    const double attainable = best_sum_logprobs / std::pow(static_cast<double>(cur_len), length_penalty);
+    const double attainable =
+        best_sum_logprobs / std::pow(static_cast<double>(cur_len), length_penalty);
     return worst_score >= attainable;
   }
   // The best hypothesis: the highest score, the last added among equals (Python's sorted + pop).
@@ -177,7 +178,8 @@ at::Tensor beam_search_seq2seq(PretrainedModelImpl& model, const at::Tensor& ids
   for (int64_t row = 0; row < b; ++row) {
     if (!done[row])
       for (int64_t i = 0; i < nb; ++i)
-        hyps[row].add(beam_row_tokens(seqs_cpu, row * nb + i), final_scores[row * nb + i].item<double>());
+        hyps[row].add(beam_row_tokens(seqs_cpu, row * nb + i),
+                      final_scores[row * nb + i].item<double>());
     best[row] = hyps[row].best();
   }
   size_t longest = 0, shortest = std::numeric_limits<size_t>::max();
@@ -200,14 +202,16 @@ at::Tensor beam_search_seq2seq(PretrainedModelImpl& model, const at::Tensor& ids
 }  // namespace
 
 void GenerateOptions::validate() const {
-  EMOE_CHECK(max_new_tokens >= 0, UsageError, "--max-new-tokens: expected >= 0, got {}", max_new_tokens);
+  EMOE_CHECK(max_new_tokens >= 0, UsageError, "--max-new-tokens: expected >= 0, got {}",
+             max_new_tokens);
   EMOE_CHECK(top_p > 0.0 && top_p <= 1.0, UsageError, "--top-p: expected (0, 1], got {}", top_p);
   EMOE_CHECK(temperature >= 0.0, UsageError, "--temperature: expected >= 0, got {}", temperature);
   EMOE_CHECK(top_k >= 0, UsageError, "--top-k: expected >= 0, got {}", top_k);
   EMOE_CHECK(num_beams >= 1, UsageError, "--num-beams: expected >= 1, got {}", num_beams);
-  EMOE_CHECK(num_beams == 1 || temperature == 0.0, UsageError,
-             "--num-beams {}: beam search is greedy; sampling (--temperature {}) needs --num-beams 1",
-             num_beams, temperature);
+  EMOE_CHECK(
+      num_beams == 1 || temperature == 0.0, UsageError,
+      "--num-beams {}: beam search is greedy; sampling (--temperature {}) needs --num-beams 1",
+      num_beams, temperature);
 }
 
 at::Tensor generate(PretrainedModelImpl& model, const at::Tensor& input_ids,
@@ -228,14 +232,15 @@ at::Tensor generate(PretrainedModelImpl& model, const at::Tensor& input_ids,
              input_ids.size(1), s.max_positions);
   const int64_t steps = std::min(o.max_new_tokens, limit);
   if (steps < o.max_new_tokens)
-    spdlog::warn("generation capped at {} new tokens by the model's {} positions", steps, s.max_positions);
+    spdlog::warn("generation capped at {} new tokens by the model's {} positions", steps,
+                 s.max_positions);
 
   torch::NoGradGuard no_grad;
   auto dev = model.parameters()[0].device();
   auto ids = input_ids.to(dev).to(torch::kLong);
   const int64_t b = ids.size(0);
-  auto mask = attention_mask.defined() ? attention_mask.to(dev).to(torch::kLong)
-                                       : torch::ones_like(ids);
+  auto mask =
+      attention_mask.defined() ? attention_mask.to(dev).to(torch::kLong) : torch::ones_like(ids);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   std::optional<int64_t> pad = o.pad_id;
   if (!pad && !o.eos_ids.empty()) pad = o.eos_ids[0];

@@ -15,9 +15,9 @@ struct GenerateOptions {
   int64_t max_new_tokens = 64;
   double temperature = 0.0;  // 0 -> greedy (argmax)
   double top_p = 1.0;
-  int64_t top_k = 0;         // 0 -> off
+  int64_t top_k = 0;  // 0 -> off
   uint64_t seed = 0;
-  std::vector<int64_t> eos_ids;  // a row that emits one of these is finished
+  std::vector<int64_t> eos_ids;   // a row that emits one of these is finished
   std::optional<int64_t> pad_id;  // emitted by finished rows (default: the first eos id)
   // Encoder-decoder models: the decoder's first token (default: the model's
   // decoder_start_token_id).

@@ -42,17 +42,22 @@ Gpt2Config Gpt2Config::from_json(const JsonFields& j) {
     c.num_labels = static_cast<int64_t>(j.raw()["id2label"].size());
   c.num_labels = j.get_int("num_labels", c.num_labels);
   c.problem_type = j.get_string("problem_type", "");
-  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size}, {"n_embd", c.n_embd},
-                         {"n_layer", c.n_layer}, {"n_head", c.n_head},
-                         {"n_positions", c.n_positions}, {"n_inner", c.n_inner},
+  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size},
+                         {"n_embd", c.n_embd},
+                         {"n_layer", c.n_layer},
+                         {"n_head", c.n_head},
+                         {"n_positions", c.n_positions},
+                         {"n_inner", c.n_inner},
                          {"num_labels", c.num_labels}})
     if (v <= 0) j.fail(name, fmt::format("expected a positive integer, got {}", v));
   if (c.n_embd % c.n_head != 0)
     j.fail("n_embd", fmt::format("n_embd {} is not a multiple of n_head {}", c.n_embd, c.n_head));
-  for (auto [name, v] : {std::pair{"bos_token_id", c.bos_token_id}, {"eos_token_id", c.eos_token_id},
+  for (auto [name, v] : {std::pair{"bos_token_id", c.bos_token_id},
+                         {"eos_token_id", c.eos_token_id},
                          {"pad_token_id", c.pad_token_id}})
     if (v && (*v < 0 || *v >= c.vocab_size))
-      j.fail(name, fmt::format("{} {} is outside the vocabulary of {} tokens", name, *v, c.vocab_size));
+      j.fail(name,
+             fmt::format("{} {} is outside the vocabulary of {} tokens", name, *v, c.vocab_size));
   if (j.get_bool("add_cross_attention", false))
     j.fail("add_cross_attention", "cross-attention GPT-2 is not supported (expected false)");
   parse_activation(c.activation_function, j.file() + ": field 'activation_function'");
@@ -61,7 +66,9 @@ Gpt2Config Gpt2Config::from_json(const JsonFields& j) {
 
 namespace {
 
-Linear conv1d(int64_t in, int64_t out) { return Linear(LinearOptions{in, out, true, true}); }
+Linear conv1d(int64_t in, int64_t out) {
+  return Linear(LinearOptions{in, out, true, true});
+}
 
 class Gpt2BlockImpl : public torch::nn::Module, public FfnSlot {
  public:
@@ -87,7 +94,8 @@ class Gpt2BlockImpl : public torch::nn::Module, public FfnSlot {
     auto q = split_heads(qkv[0], c_.n_head);
     const auto [k, v] =
         append_kv(kv, split_heads(qkv[1], c_.n_head), split_heads(qkv[2], c_.n_head));
-    auto a = merge_heads(scaled_attention(q, k, v, block_mask, scale_, c_.attn_pdrop, is_training(), probs));
+    auto a = merge_heads(
+        scaled_attention(q, k, v, block_mask, scale_, c_.attn_pdrop, is_training(), probs));
     a = emoe::dropout(attn_proj_(a), c_.resid_pdrop, is_training());
     auto r = x + a;
     auto f = run_ffn(ln_2_(r), token_mask);
@@ -98,7 +106,7 @@ class Gpt2BlockImpl : public torch::nn::Module, public FfnSlot {
   torch::Tensor ffn_output(const torch::Tensor& h) override { return mlp_proj_(h); }
   FfnView ffn_view() override {
     FfnView v;
-    v.w_in = c_fc_->weight.t();      // stored [d, d_ff]
+    v.w_in = c_fc_->weight.t();  // stored [d, d_ff]
     v.b_in = c_fc_->bias;
     v.w_out = mlp_proj_->weight.t();  // stored [d_ff, d]
     v.b_out = mlp_proj_->bias;
@@ -134,9 +142,11 @@ class Gpt2ModelImpl : public PretrainedModelImpl {
     }
     ln_f_ = tr->register_module("ln_f", LayerNorm(c.n_embd, c.layer_norm_epsilon));
     if (head == Head::kCausalLM && !c.tie_word_embeddings)
-      lm_head_ = register_module("lm_head", Linear(LinearOptions{c.n_embd, c.vocab_size, false, false}));
+      lm_head_ =
+          register_module("lm_head", Linear(LinearOptions{c.n_embd, c.vocab_size, false, false}));
     if (head == Head::kSequenceClassification)
-      score_ = register_module("score", Linear(LinearOptions{c.n_embd, c.num_labels, false, false}));
+      score_ =
+          register_module("score", Linear(LinearOptions{c.n_embd, c.num_labels, false, false}));
     summary_.model_type = "gpt2";
     summary_.head = head;
     summary_.causal = true;
@@ -160,8 +170,10 @@ class Gpt2ModelImpl : public PretrainedModelImpl {
       const auto& k = p.key();
       bool is_bias = k.size() >= 4 && k.substr(k.size() - 4) == "bias";
       if (k.find("ln_") != std::string::npos) {
-        if (is_bias) p.value().zero_();
-        else p.value().fill_(1.0);
+        if (is_bias)
+          p.value().zero_();
+        else
+          p.value().fill_(1.0);
       } else if (is_bias) {
         p.value().zero_();
       } else if (k.find("c_proj.weight") != std::string::npos) {
@@ -175,7 +187,8 @@ class Gpt2ModelImpl : public PretrainedModelImpl {
 
   ModelOutputs forward(const ModelInputs& in) override {
     const auto& ids = in.input_ids;
-    EMOE_CHECK(ids.dim() == 2, InputError, "input_ids: expected [batch, seq], got {} dims", ids.dim());
+    EMOE_CHECK(ids.dim() == 2, InputError, "input_ids: expected [batch, seq], got {} dims",
+               ids.dim());
     const int64_t b = ids.size(0), t = ids.size(1);
     const int64_t past = in.cache ? in.cache->length() : 0;
     EMOE_CHECK(past + t <= c_.n_positions, InputError,
@@ -225,7 +238,8 @@ class Gpt2ModelImpl : public PretrainedModelImpl {
     return k;
   }
   std::string file_key(const std::string& module_key) const override {
-    if (head_ == Head::kBase && module_key.rfind("transformer.", 0) == 0) return module_key.substr(12);
+    if (head_ == Head::kBase && module_key.rfind("transformer.", 0) == 0)
+      return module_key.substr(12);
     return module_key;
   }
   bool is_head_key(const std::string& k) const override {

@@ -28,13 +28,15 @@ class FrozenLinearFn : public torch::autograd::Function<FrozenLinearFn> {
     const auto weight = ctx->get_saved_variables()[0];
     const auto& g = grads[0];
     // under autocast the output (and so g) may be bfloat16 while the weight is float32
-    auto gx = torch::matmul(g, weight.scalar_type() == g.scalar_type() ? weight : weight.to(g.scalar_type()));
+    auto gx = torch::matmul(
+        g, weight.scalar_type() == g.scalar_type() ? weight : weight.to(g.scalar_type()));
     const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     return {gx.scalar_type() == x_dtype ? gx : gx.to(x_dtype), torch::Tensor(), torch::Tensor()};
   }
 };
 
-bool frozen_with_input_grad(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+bool frozen_with_input_grad(const torch::Tensor& x, const torch::Tensor& w,
+                            const torch::Tensor& b) {
   return torch::GradMode::is_enabled() && x.requires_grad() && !w.requires_grad() &&
          (!b.defined() || !b.requires_grad());
 }
@@ -59,8 +61,10 @@ torch::Tensor LinearImpl::autocast_weight() {
   auto w = weight_out_in();
   if (weight.requires_grad() || weight.scalar_type() != at::kFloat) return w;
   c10::optional<at::ScalarType> dtype;
-  if (weight.device().is_cpu() && at::autocast::is_cpu_enabled()) dtype = at::autocast::get_autocast_cpu_dtype();
-  if (weight.device().is_cuda() && at::autocast::is_enabled()) dtype = at::autocast::get_autocast_gpu_dtype();
+  if (weight.device().is_cpu() && at::autocast::is_cpu_enabled())
+    dtype = at::autocast::get_autocast_cpu_dtype();
+  if (weight.device().is_cuda() && at::autocast::is_enabled())
+    dtype = at::autocast::get_autocast_gpu_dtype();
   if (!dtype || *dtype == at::kFloat) return w;
   if (!cast_.defined() || cast_.scalar_type() != *dtype || !cast_source_.is_same(weight) ||
       cast_data_ != weight.data_ptr() || cast_version_ != static_cast<int64_t>(weight._version())) {
@@ -92,9 +96,12 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   return base_forward(x);
 }
 
-torch::Tensor LinearImpl::weight_out_in() const { return options_.transposed ? weight.t() : weight; }
+torch::Tensor LinearImpl::weight_out_in() const {
+  return options_.transposed ? weight.t() : weight;
+}
 
-std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers, const torch::Tensor& x) {
+std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers,
+                                        const torch::Tensor& x) {
   bool fusable = layers.size() > 1;
   std::vector<LowRankUpdate> updates;
   int64_t column = 0;
@@ -111,8 +118,10 @@ std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers, 
   std::vector<torch::Tensor> out;
   bool frozen = true;
   for (auto* l : layers)
-    frozen = frozen && !l->weight.requires_grad() && !(l->bias.defined() && l->bias.requires_grad());
-  if (!fusable || (!updates.empty() && !frozen)) {  // (updates on a trainable layer: its own forward)
+    frozen =
+        frozen && !l->weight.requires_grad() && !(l->bias.defined() && l->bias.requires_grad());
+  if (!fusable ||
+      (!updates.empty() && !frozen)) {  // (updates on a trainable layer: its own forward)
     for (auto* l : layers) out.push_back(l->forward(x));
     return out;
   }
@@ -128,7 +137,8 @@ std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers, 
     if (low_rank_linear_supported(x, layers[0]->weight, layers[0]->bias, {})) {
       at::Tensor w, b;
       {
-        torch::NoGradGuard no_grad;  // every layer is frozen (above): no graph for the concatenation
+        torch::NoGradGuard
+            no_grad;  // every layer is frozen (above): no graph for the concatenation
         w = torch::cat(weights, 0);
         if (!biases.empty()) b = torch::cat(biases, 0);
       }
@@ -138,7 +148,8 @@ std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers, 
     for (auto* l : layers) out.push_back(l->forward(x));
     return out;
   }
-  auto y = emoe::linear(x, torch::cat(weights, 0), biases.empty() ? torch::Tensor() : torch::cat(biases, 0));
+  auto y = emoe::linear(x, torch::cat(weights, 0),
+                        biases.empty() ? torch::Tensor() : torch::cat(biases, 0));
   return y.split_with_sizes(sizes, -1);
 }
 
@@ -149,7 +160,8 @@ void LinearImpl::set_adapter(std::shared_ptr<LinearAdapter> adapter) {
   }
   adapter_ = std::move(adapter);
   if (adapter_) {
-    for (const auto& child : adapter_->named_children()) register_module(child.key(), child.value());
+    for (const auto& child : adapter_->named_children())
+      register_module(child.key(), child.value());
     for (const auto& p : adapter_->named_parameters(/*recurse=*/false))
       register_parameter(p.key(), p.value(), p.value().requires_grad());
   }

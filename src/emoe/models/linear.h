@@ -21,7 +21,9 @@ class LinearAdapter : public torch::nn::Module {
   virtual torch::Tensor adapt(const torch::Tensor& x, LinearImpl& base) = 0;
   // Adapters that are a low-rank update of the layer (LoRA) describe it here and return true;
   // fused_linear then folds the update into the layer's product (the offset is set by the caller).
-  virtual bool low_rank_update(const LinearImpl& base, LowRankUpdate* update) const { return false; }
+  virtual bool low_rank_update(const LinearImpl& base, LowRankUpdate* update) const {
+    return false;
+  }
   // The method's name for messages ("LoRA", "(IA)^3", ...).
   virtual std::string kind() const { return "custom"; }
   // The adapter's routing (MoV, MoLoRA), or nullptr.
@@ -75,6 +77,7 @@ TORCH_MODULE(Linear);
 // every adapter is a low-rank update of a frozen layer and low_rank_linear takes them (LoRA on
 // q and v, float32 on CPU); else each layer's own forward. The results are views into one
 // buffer in the fused case.
-std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers, const torch::Tensor& x);
+std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers,
+                                        const torch::Tensor& x);
 
 }  // namespace emoe

@@ -60,8 +60,9 @@ void parse_rope_scaling(const JsonFields& j, LlamaConfig& c) {
         static_cast<int64_t>(number("original_max_position_embeddings", 0, true));
     if (!(c.high_freq_factor > c.low_freq_factor) || c.low_freq_factor <= 0 ||
         c.original_max_position_embeddings <= 0)
-      fail("llama3 scaling needs 0 < low_freq_factor < high_freq_factor and "
-           "original_max_position_embeddings > 0");
+      fail(
+          "llama3 scaling needs 0 < low_freq_factor < high_freq_factor and "
+          "original_max_position_embeddings > 0");
   }
 }
 
@@ -73,7 +74,8 @@ void parse_sliding_window(const JsonFields& j, LlamaConfig& c) {
   if (qwen && !j.get_bool("use_sliding_window", false)) return;
   if (!j.has("sliding_window")) return;
   const int64_t w = j.get_int("sliding_window");
-  if (w <= 0) j.fail("sliding_window", fmt::format("expected a positive window or null, got {}", w));
+  if (w <= 0)
+    j.fail("sliding_window", fmt::format("expected a positive window or null, got {}", w));
   c.sliding_window = w;
   if (qwen) c.first_window_layer = j.get_int("max_window_layers", c.num_hidden_layers);
 }
@@ -113,7 +115,8 @@ LlamaConfig LlamaConfig::from_json(const JsonFields& j, LlamaFamily family) {
     c.num_labels = static_cast<int64_t>(j.raw()["id2label"].size());
   c.num_labels = j.get_int("num_labels", c.num_labels);
   c.problem_type = j.get_string("problem_type", "");
-  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size},
+                         {"hidden_size", c.hidden_size},
                          {"intermediate_size", c.intermediate_size},
                          {"num_hidden_layers", c.num_hidden_layers},
                          {"num_attention_heads", c.num_attention_heads},
@@ -136,10 +139,12 @@ LlamaConfig LlamaConfig::from_json(const JsonFields& j, LlamaFamily family) {
   if (c.rope_theta <= 0) j.fail("rope_theta", fmt::format("expected > 0, got {}", c.rope_theta));
   parse_rope_scaling(j, c);
   parse_sliding_window(j, c);
-  for (auto [name, v] : {std::pair{"bos_token_id", c.bos_token_id}, {"eos_token_id", c.eos_token_id},
+  for (auto [name, v] : {std::pair{"bos_token_id", c.bos_token_id},
+                         {"eos_token_id", c.eos_token_id},
                          {"pad_token_id", c.pad_token_id}})
     if (v && (*v < 0 || *v >= c.vocab_size))
-      j.fail(name, fmt::format("{} {} is outside the vocabulary of {} tokens", name, *v, c.vocab_size));
+      j.fail(name,
+             fmt::format("{} {} is outside the vocabulary of {} tokens", name, *v, c.vocab_size));
   parse_activation(c.hidden_act, j.file() + ": field 'hidden_act'");
   return c;
 }
@@ -164,19 +169,20 @@ at::Tensor LlamaConfig::inv_freq(int64_t max_position, const at::Device& device)
   auto scaled = torch::where(wavelen > low_wavelen, inv / rope_factor, inv);
   auto smooth = (old_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
   auto smoothed = (1 - smooth) * scaled / rope_factor + smooth * scaled;
-  auto medium = torch::logical_not(wavelen < high_wavelen).logical_and(
-      torch::logical_not(wavelen > low_wavelen));
+  auto medium = torch::logical_not(wavelen < high_wavelen)
+                    .logical_and(torch::logical_not(wavelen > low_wavelen));
   return torch::where(medium, smoothed, scaled);
 }
 
 namespace {
 
-
 class LlamaLayerImpl : public torch::nn::Module, public FfnSlot {
  public:
   LlamaLayerImpl(const LlamaConfig& c, int64_t index) : c_(c), index_(index) {
     const int64_t d = c.hidden_size, hd = c.head_dim();
-    auto lin = [](int64_t in, int64_t out, bool bias) { return Linear(LinearOptions{in, out, bias, false}); };
+    auto lin = [](int64_t in, int64_t out, bool bias) {
+      return Linear(LinearOptions{in, out, bias, false});
+    };
     auto attn = register_module("self_attn", container());
     q_ = attn->register_module("q_proj", lin(d, c.num_attention_heads * hd, c.qkv_bias));
     k_ = attn->register_module("k_proj", lin(d, c.num_key_value_heads * hd, c.qkv_bias));
@@ -207,10 +213,11 @@ class LlamaLayerImpl : public torch::nn::Module, public FfnSlot {
       k_new = k_norm_(k_new);
     }
     q = apply_rope(q, cos, sin);
-    const auto [k, v] = append_kv(kv, apply_rope(k_new, cos, sin),
-                                  split_heads(qkv[2], c_.num_key_value_heads));
+    const auto [k, v] =
+        append_kv(kv, apply_rope(k_new, cos, sin), split_heads(qkv[2], c_.num_key_value_heads));
     double scale = 1.0 / std::sqrt(static_cast<double>(c_.head_dim()));
-    auto a = o_(merge_heads(scaled_attention(q, k, v, block_mask, scale, 0.0, is_training(), probs)));
+    auto a =
+        o_(merge_heads(scaled_attention(q, k, v, block_mask, scale, 0.0, is_training(), probs)));
     auto r = x + a;
     return r + run_ffn(post_norm_(r), token_mask);
   }
@@ -236,7 +243,8 @@ class LlamaLayerImpl : public torch::nn::Module, public FfnSlot {
   LlamaConfig c_;
   int64_t index_;
   Activation act_;
-  Linear q_{nullptr}, k_{nullptr}, v_{nullptr}, o_{nullptr}, gate_{nullptr}, up_{nullptr}, down_{nullptr};
+  Linear q_{nullptr}, k_{nullptr}, v_{nullptr}, o_{nullptr}, gate_{nullptr}, up_{nullptr},
+      down_{nullptr};
   RMSNorm in_norm_{nullptr}, post_norm_{nullptr}, q_norm_{nullptr}, k_norm_{nullptr};
   std::shared_ptr<torch::nn::Module> mlp_;
 };
@@ -245,7 +253,8 @@ class LlamaModelImpl : public PretrainedModelImpl {
  public:
   LlamaModelImpl(const LlamaConfig& c, Head head) : c_(c), head_(head) {
     auto model = register_module("model", container());
-    embed_ = model->register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+    embed_ =
+        model->register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
     auto layers = model->register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
       auto layer = std::make_shared<LlamaLayerImpl>(c, i);
@@ -254,9 +263,11 @@ class LlamaModelImpl : public PretrainedModelImpl {
     }
     norm_ = model->register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
     if (head == Head::kCausalLM && !c.tie_word_embeddings)
-      lm_head_ = register_module("lm_head", Linear(LinearOptions{c.hidden_size, c.vocab_size, false, false}));
+      lm_head_ = register_module("lm_head",
+                                 Linear(LinearOptions{c.hidden_size, c.vocab_size, false, false}));
     if (head == Head::kSequenceClassification)
-      score_ = register_module("score", Linear(LinearOptions{c.hidden_size, c.num_labels, false, false}));
+      score_ = register_module("score",
+                               Linear(LinearOptions{c.hidden_size, c.num_labels, false, false}));
     summary_.model_type = family_names(c.family).model_type;
     summary_.head = head;
     summary_.causal = true;
@@ -282,16 +293,20 @@ class LlamaModelImpl : public PretrainedModelImpl {
     for (auto& p : named_parameters()) {
       const auto& k = p.key();
       bool is_bias = k.size() >= 4 && k.substr(k.size() - 4) == "bias";
-      if (k.find("norm") != std::string::npos) p.value().fill_(1.0);
-      else if (is_bias) p.value().zero_();
-      else p.value().normal_(0.0, c_.initializer_range);
+      if (k.find("norm") != std::string::npos)
+        p.value().fill_(1.0);
+      else if (is_bias)
+        p.value().zero_();
+      else
+        p.value().normal_(0.0, c_.initializer_range);
     }
     if (c_.pad_token_id) embed_->weight[*c_.pad_token_id].zero_();
   }
 
   ModelOutputs forward(const ModelInputs& in) override {
     const auto& ids = in.input_ids;
-    EMOE_CHECK(ids.dim() == 2, InputError, "input_ids: expected [batch, seq], got {} dims", ids.dim());
+    EMOE_CHECK(ids.dim() == 2, InputError, "input_ids: expected [batch, seq], got {} dims",
+               ids.dim());
     const int64_t b = ids.size(0), t = ids.size(1);
     const int64_t past = in.cache ? in.cache->length() : 0;
     // dynamic RoPE scaling exists to run past max_position_embeddings
@@ -333,8 +348,7 @@ class LlamaModelImpl : public PretrainedModelImpl {
   // RoPE's cos/sin for these positions; `length` = past + new positions
   std::pair<torch::Tensor, torch::Tensor> rope(const torch::Tensor& pos, int64_t length,
                                                at::ScalarType dtype) const {
-    if (c_.rope_type == "default")
-      return rope_cos_sin(pos, c_.head_dim(), c_.rope_theta, dtype);
+    if (c_.rope_type == "default") return rope_cos_sin(pos, c_.head_dim(), c_.rope_theta, dtype);
     if (c_.rope_type == "linear")
       return rope_cos_sin(pos.to(torch::kFloat) / c_.rope_factor, c_.head_dim(), c_.rope_theta,
                           dtype);
@@ -358,7 +372,8 @@ class LlamaModelImpl : public PretrainedModelImpl {
     if (ends("rotary_emb.inv_freq")) return "";  // a buffer some exports store
     if (k.rfind("model.", 0) != 0 && k.rfind("lm_head.", 0) != 0 && k.rfind("score.", 0) != 0)
       k = "model." + k;
-    if (k == "lm_head.weight" && !lm_head_ && head_ != Head::kSequenceClassification && c_.tie_word_embeddings)
+    if (k == "lm_head.weight" && !lm_head_ && head_ != Head::kSequenceClassification &&
+        c_.tie_word_embeddings)
       return "";  // a stored copy of the tied embedding
     return k;
   }
@@ -488,11 +503,17 @@ ModelPtr make_llama(const JsonFields& config, Head head) {
   return make_family(config, head, LlamaFamily::kLlama);
 }
 
-const Architecture& llama_architecture() { return architecture_of_family<LlamaFamily::kLlama>(); }
+const Architecture& llama_architecture() {
+  return architecture_of_family<LlamaFamily::kLlama>();
+}
 const Architecture& mistral_architecture() {
   return architecture_of_family<LlamaFamily::kMistral>();
 }
-const Architecture& qwen2_architecture() { return architecture_of_family<LlamaFamily::kQwen2>(); }
-const Architecture& qwen3_architecture() { return architecture_of_family<LlamaFamily::kQwen3>(); }
+const Architecture& qwen2_architecture() {
+  return architecture_of_family<LlamaFamily::kQwen2>();
+}
+const Architecture& qwen3_architecture() {
+  return architecture_of_family<LlamaFamily::kQwen3>();
+}
 
 }  // namespace emoe

@@ -18,7 +18,8 @@ using torch::autograd::variable_list;
 
 // rows of logits computed at once: about 32 MiB of float32
 int64_t lm_loss_chunk_rows(int64_t rows, int64_t vocab) {
-  return std::clamp<int64_t>((int64_t{8} << 20) / std::max<int64_t>(vocab, 1), 1, std::max<int64_t>(rows, 1));
+  return std::clamp<int64_t>((int64_t{8} << 20) / std::max<int64_t>(vocab, 1), 1,
+                             std::max<int64_t>(rows, 1));
 }
 
 class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
@@ -104,14 +105,17 @@ class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
     const auto& go = grads[0];
     const bool one = go.device().is_cpu() && go.item<double>() == 1.0;
     auto scale = [&](const at::Tensor& g) { return !g.defined() || one ? g : g * go; };
-    return {scale(saved[0]), scale(saved[1]), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {scale(saved[0]), scale(saved[1]), at::Tensor(), at::Tensor(),
+            at::Tensor(),    at::Tensor(),    at::Tensor()};
   }
 };
 
 // the products' dtype: autocast's where it is on for the tensors' device, else theirs
 at::ScalarType lm_loss_compute_dtype(const at::Tensor& hidden) {
-  if (hidden.device().is_cpu() && at::autocast::is_cpu_enabled()) return at::autocast::get_autocast_cpu_dtype();
-  if (hidden.device().is_cuda() && at::autocast::is_enabled()) return at::autocast::get_autocast_gpu_dtype();
+  if (hidden.device().is_cpu() && at::autocast::is_cpu_enabled())
+    return at::autocast::get_autocast_cpu_dtype();
+  if (hidden.device().is_cuda() && at::autocast::is_enabled())
+    return at::autocast::get_autocast_gpu_dtype();
   return hidden.scalar_type();
 }
 
@@ -129,16 +133,18 @@ bool chunked_lm_loss_supported(const at::Tensor& hidden, const at::Tensor& weigh
          (hidden.scalar_type() == at::kDouble && compute == at::kDouble);
 }
 
-at::Tensor chunked_causal_lm_loss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
-                                  int64_t chunk_rows) {
-  TORCH_CHECK(chunked_lm_loss_supported(hidden, weight), "chunked_causal_lm_loss: unsupported inputs");
+at::Tensor chunked_causal_lm_loss(const at::Tensor& hidden, const at::Tensor& weight,
+                                  const at::Tensor& labels, int64_t chunk_rows) {
+  TORCH_CHECK(chunked_lm_loss_supported(hidden, weight),
+              "chunked_causal_lm_loss: unsupported inputs");
   const int64_t t = hidden.size(1);
   // position t predicts label t + 1
   const auto h = hidden.narrow(1, 0, t - 1).reshape({-1, hidden.size(-1)});
   const auto target = labels.narrow(1, 1, t - 1).reshape({-1}).to(hidden.device(), at::kLong);
   const bool grad = at::GradMode::is_enabled();
-  return ChunkedLmLossFn::apply(h, weight, target, grad && h.requires_grad(), grad && weight.requires_grad(),
-                                chunk_rows, static_cast<int64_t>(lm_loss_compute_dtype(hidden)));
+  return ChunkedLmLossFn::apply(h, weight, target, grad && h.requires_grad(),
+                                grad && weight.requires_grad(), chunk_rows,
+                                static_cast<int64_t>(lm_loss_compute_dtype(hidden)));
 }
 
 }  // namespace emoe

@@ -24,7 +24,7 @@ bool chunked_lm_loss_supported(const at::Tensor& hidden, const at::Tensor& weigh
 // label t + 1 over the positions not ignored (NaN when all are). Differentiable in hidden and
 // weight; their gradients are computed in the forward pass when grad mode is on and either needs
 // one. chunk_rows: rows of logits at a time (0: about 32 MiB of them).
-at::Tensor chunked_causal_lm_loss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
-                                  int64_t chunk_rows = 0);
+at::Tensor chunked_causal_lm_loss(const at::Tensor& hidden, const at::Tensor& weight,
+                                  const at::Tensor& labels, int64_t chunk_rows = 0);
 
 }  // namespace emoe

@@ -2,7 +2,6 @@
 #include "emoe/models/loader.h"
 
 #include <torch/torch.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,7 +15,9 @@
 namespace emoe {
 namespace fs = std::filesystem;
 
-Head default_head(const JsonFields& config) { return architecture_of(config).default_head(config); }
+Head default_head(const JsonFields& config) {
+  return architecture_of(config).default_head(config);
+}
 
 namespace {
 
@@ -27,18 +28,27 @@ void check_config_sizes(const JsonFields& cfg) {
     const char* key;
     int64_t max;
   };
-  static const Bound bounds[] = {
-      {"vocab_size", int64_t{1} << 24},      {"hidden_size", int64_t{1} << 17},
-      {"n_embd", int64_t{1} << 17},          {"d_model", int64_t{1} << 17},
-      {"d_kv", int64_t{1} << 17},            {"intermediate_size", int64_t{1} << 20},
-      {"n_inner", int64_t{1} << 20},         {"d_ff", int64_t{1} << 20},
-      {"num_hidden_layers", 4096},           {"n_layer", 4096},
-      {"num_layers", 4096},                  {"num_decoder_layers", 4096},
-      {"num_attention_heads", 1 << 14},      {"n_head", 1 << 14},
-      {"num_heads", 1 << 14},                {"num_key_value_heads", 1 << 14},
-      {"max_position_embeddings", int64_t{1} << 24}, {"n_positions", int64_t{1} << 24},
-      {"type_vocab_size", 1 << 16},          {"relative_attention_num_buckets", 1 << 16},
-      {"num_labels", 1 << 16}};
+  static const Bound bounds[] = {{"vocab_size", int64_t{1} << 24},
+                                 {"hidden_size", int64_t{1} << 17},
+                                 {"n_embd", int64_t{1} << 17},
+                                 {"d_model", int64_t{1} << 17},
+                                 {"d_kv", int64_t{1} << 17},
+                                 {"intermediate_size", int64_t{1} << 20},
+                                 {"n_inner", int64_t{1} << 20},
+                                 {"d_ff", int64_t{1} << 20},
+                                 {"num_hidden_layers", 4096},
+                                 {"n_layer", 4096},
+                                 {"num_layers", 4096},
+                                 {"num_decoder_layers", 4096},
+                                 {"num_attention_heads", 1 << 14},
+                                 {"n_head", 1 << 14},
+                                 {"num_heads", 1 << 14},
+                                 {"num_key_value_heads", 1 << 14},
+                                 {"max_position_embeddings", int64_t{1} << 24},
+                                 {"n_positions", int64_t{1} << 24},
+                                 {"type_vocab_size", 1 << 16},
+                                 {"relative_attention_num_buckets", 1 << 16},
+                                 {"num_labels", 1 << 16}};
   auto get = [&](const char* key) -> int64_t {
     // a float counts as from_json reads it (1e9 is 1000000000), so it cannot slip past a bound
     if (!cfg.has(key) || !cfg.raw().at(key).is_number()) return 0;
@@ -54,26 +64,33 @@ void check_config_sizes(const JsonFields& cfg) {
   if (cfg.raw().contains("id2label") && cfg.raw().at("id2label").is_object()) {
     const auto n = static_cast<int64_t>(cfg.raw().at("id2label").size());
     if (n > (1 << 16))
-      cfg.fail("id2label", fmt::format("expected at most {} labels, got {} (refused before allocating)",
-                                       1 << 16, n));
+      cfg.fail("id2label",
+               fmt::format("expected at most {} labels, got {} (refused before allocating)",
+                           1 << 16, n));
     labels = std::max(labels, n);
   }
   // a rough upper estimate of the parameter count (embeddings + per-layer attention and FFN)
-  const double h = static_cast<double>(std::max({get("hidden_size"), get("n_embd"), get("d_model")}));
-  const double ff = static_cast<double>(std::max({get("intermediate_size"), get("n_inner"), get("d_ff"), 4 * static_cast<int64_t>(h)}));
-  const double layers = static_cast<double>(
-      std::max({get("num_hidden_layers"), get("n_layer"), get("num_layers")}) + get("num_decoder_layers"));
+  const double h =
+      static_cast<double>(std::max({get("hidden_size"), get("n_embd"), get("d_model")}));
+  const double ff = static_cast<double>(std::max(
+      {get("intermediate_size"), get("n_inner"), get("d_ff"), 4 * static_cast<int64_t>(h)}));
+  const double layers =
+      static_cast<double>(std::max({get("num_hidden_layers"), get("n_layer"), get("num_layers")}) +
+                          get("num_decoder_layers"));
   const double vocab = static_cast<double>(get("vocab_size"));
-  const double pos = static_cast<double>(std::max(get("max_position_embeddings"), get("n_positions")));
+  const double pos =
+      static_cast<double>(std::max(get("max_position_embeddings"), get("n_positions")));
   const double params =
       (vocab + pos + static_cast<double>(labels)) * h + layers * (4 * h * h + 3 * h * ff);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  const double memory = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+  const double memory =
+      pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
   if (memory > 0 && params * 2 > memory)  // even at 2 bytes per parameter
     cfg.fail("hidden_size",
-             fmt::format("the sizes in this config imply about {:.3g} parameters ({:.1f} GiB in bfloat16), "
-                         "more than this machine's {:.1f} GiB of memory (refused before allocating)",
-                         params, params * 2 / (1 << 30), memory / (1 << 30)));
+             fmt::format(
+                 "the sizes in this config imply about {:.3g} parameters ({:.1f} GiB in bfloat16), "
+                 "more than this machine's {:.1f} GiB of memory (refused before allocating)",
+                 params, params * 2 / (1 << 30), memory / (1 << 30)));
 }
 
 }  // namespace
@@ -99,7 +116,9 @@ ModelPtr create_model(const JsonFields& config, Head head, std::optional<int64_t
 }
 
 namespace {
-std::string shape_str(at::IntArrayRef s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+std::string shape_str(at::IntArrayRef s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
 }  // namespace
 
 void load_weights(PretrainedModelImpl& model, const CheckpointReader& ckpt, bool allow_new_head) {
@@ -115,8 +134,10 @@ void load_weights(PretrainedModelImpl& model, const CheckpointReader& ckpt, bool
     if (key.empty()) continue;
     auto it = expected.find(key);
     if (it == expected.end()) {
-      if (allow_new_head && model.is_head_key(key)) dropped.push_back(file_key);
-      else unexpected.push_back(file_key);
+      if (allow_new_head && model.is_head_key(key))
+        dropped.push_back(file_key);
+      else
+        unexpected.push_back(file_key);
       continue;
     }
     if (!loaded.insert(key).second) {
@@ -134,8 +155,10 @@ void load_weights(PretrainedModelImpl& model, const CheckpointReader& ckpt, bool
   std::vector<std::string> missing, initialised;
   for (const auto& [key, t] : expected) {
     if (loaded.count(key)) continue;
-    if (allow_new_head && model.is_head_key(key)) initialised.push_back(key);
-    else missing.push_back(model.file_key(key));
+    if (allow_new_head && model.is_head_key(key))
+      initialised.push_back(key);
+    else
+      missing.push_back(model.file_key(key));
   }
   if (!missing.empty() || !unexpected.empty() || !wrong_shape.empty() || !duplicate.empty()) {
     std::vector<std::string> parts;
@@ -164,7 +187,8 @@ void load_weights(PretrainedModelImpl& model, const CheckpointReader& ckpt, bool
                  initialised.size(), fmt::join(initialised, ", "));
   }
   if (!dropped.empty())
-    spdlog::info("ignored {} tensor(s) of another head ({})", dropped.size(), fmt::join(dropped, ", "));
+    spdlog::info("ignored {} tensor(s) of another head ({})", dropped.size(),
+                 fmt::join(dropped, ", "));
 }
 
 ModelPtr load_model(const std::string& dir, const LoadOptions& options,
@@ -182,7 +206,8 @@ ModelPtr load_model(const std::string& dir, const LoadOptions& options,
 
 std::vector<std::pair<std::string, torch::Tensor>> model_state(PretrainedModelImpl& model) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& p : model.named_parameters(true)) out.emplace_back(model.file_key(p.key()), p.value());
+  for (const auto& p : model.named_parameters(true))
+    out.emplace_back(model.file_key(p.key()), p.value());
   return out;
 }
 
@@ -199,7 +224,9 @@ void save_model(PretrainedModelImpl& model, const std::string& dir,
   auto p = model.parameters();
   if (!p.empty()) {
     auto t = p[0].scalar_type();
-    cfg["torch_dtype"] = t == torch::kBFloat16 ? "bfloat16" : t == torch::kHalf ? "float16" : "float32";
+    cfg["torch_dtype"] = t == torch::kBFloat16 ? "bfloat16"
+                         : t == torch::kHalf   ? "float16"
+                                               : "float32";
   }
   write_text_atomic((fs::path(dir) / "config.json").string(), cfg.dump(2) + "\n");
 }

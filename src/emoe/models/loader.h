@@ -17,8 +17,8 @@ namespace emoe {
 struct LoadOptions {
   c10::Device device = c10::Device(c10::kCPU);
   c10::ScalarType dtype = c10::kFloat;
-  std::optional<Head> head;            // default: the head config.json's architectures names
-  std::optional<int64_t> num_labels;   // overrides config.json (sequence classification)
+  std::optional<Head> head;           // default: the head config.json's architectures names
+  std::optional<int64_t> num_labels;  // overrides config.json (sequence classification)
   // Missing head weights are initialised instead of reported (fine-tuning a new task head);
   // weights of another head in the file are then dropped.
   bool allow_new_head = false;

@@ -37,13 +37,15 @@ class LowRankLinearFn : public torch::autograd::Function<LowRankLinearFn> {
       if (dropouts[i] > 0) {
         seeds[i] = static_cast<int64_t>(draw_dropout_seed());
         if (!dropped.defined()) dropped = at::empty_like(x2);
-        dropout_mask_into(x2, dropped, static_cast<uint64_t>(seeds[i]), dropouts[i], /*accumulate=*/false);
+        dropout_mask_into(x2, dropped, static_cast<uint64_t>(seeds[i]), dropouts[i],
+                          /*accumulate=*/false);
         h = dropped;
       }
       auto z = at::empty({rows, as[i].size(0)}, x.options());
       gemm_out(z, h, as[i].t());
       z.mul_(scalings[i]);
-      gemm_out(y.narrow(1, offsets[i], bs[i].size(0)), z, bs[i].t(), at::Tensor(), /*accumulate=*/true);
+      gemm_out(y.narrow(1, offsets[i], bs[i].size(0)), z, bs[i].t(), at::Tensor(),
+               /*accumulate=*/true);
       zs.push_back(z);
     }
     // x for the A gradients (their dropped input is recomputed from the seed), the base weight
@@ -130,14 +132,16 @@ bool plain_float_cpu(const at::Tensor& t) {
 
 }  // namespace
 
-bool low_rank_linear_supported(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                               const std::vector<LowRankUpdate>& updates) {
+bool low_rank_linear_supported(const at::Tensor& x, const at::Tensor& weight,
+                               const at::Tensor& bias, const std::vector<LowRankUpdate>& updates) {
   if (!x.defined() || !x.device().is_cpu() || x.scalar_type() != at::kFloat || x.dim() < 1 ||
       at::autocast::is_cpu_enabled())
     return false;
-  if (!plain_float_cpu(weight) || weight.requires_grad() || x.size(-1) != weight.size(1)) return false;
-  if (bias.defined() && (bias.requires_grad() || bias.scalar_type() != at::kFloat || !bias.device().is_cpu() ||
-                         bias.dim() != 1 || bias.size(0) != weight.size(0)))
+  if (!plain_float_cpu(weight) || weight.requires_grad() || x.size(-1) != weight.size(1))
+    return false;
+  if (bias.defined() &&
+      (bias.requires_grad() || bias.scalar_type() != at::kFloat || !bias.device().is_cpu() ||
+       bias.dim() != 1 || bias.size(0) != weight.size(0)))
     return false;
   for (const auto& u : updates) {
     if (!plain_float_cpu(u.a) || !plain_float_cpu(u.b) || u.a.size(1) != weight.size(1) ||
@@ -163,7 +167,8 @@ at::Tensor low_rank_linear(const at::Tensor& x, const at::Tensor& weight, const 
     dropouts.push_back(u.dropout);
   }
   return LowRankLinearFn::apply(x, weight, bias.defined() ? bias : at::empty({0}, weight.options()),
-                                at::TensorList(as), at::TensorList(bs), offsets, scalings, dropouts);
+                                at::TensorList(as), at::TensorList(bs), offsets, scalings,
+                                dropouts);
 }
 
 }  // namespace emoe

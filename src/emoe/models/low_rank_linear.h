@@ -16,18 +16,18 @@
 namespace emoe {
 
 struct LowRankUpdate {
-  at::Tensor a;         // [r, in]
-  at::Tensor b;         // [cols, r]
-  int64_t offset = 0;   // the first output column it adds to
-  double scaling = 1;   // s
-  double dropout = 0;   // on the update's input; 0 when not training
+  at::Tensor a;        // [r, in]
+  at::Tensor b;        // [cols, r]
+  int64_t offset = 0;  // the first output column it adds to
+  double scaling = 1;  // s
+  double dropout = 0;  // on the update's input; 0 when not training
 };
 
 // Whether low_rank_linear takes these: float32 CPU tensors, no autocast, a base weight and bias
 // that need no gradient, updates inside the output. Callers compose the layer from separate
 // operations otherwise (other devices and dtypes, a trainable base).
-bool low_rank_linear_supported(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                               const std::vector<LowRankUpdate>& updates);
+bool low_rank_linear_supported(const at::Tensor& x, const at::Tensor& weight,
+                               const at::Tensor& bias, const std::vector<LowRankUpdate>& updates);
 
 // x [..., in], weight [out, in] in any layout, bias [out] or undefined. Differentiable in x and
 // in every a and b; dropout masks are those emoe::dropout draws, in the order of `updates`.

@@ -41,7 +41,9 @@ bool has_isa(dnnl::cpu_isa wanted) {
   return (onednn_isa() & w) == w;
 }
 
-bool onednn_isa_ok() { return has_isa(dnnl::cpu_isa::avx512_core); }
+bool onednn_isa_ok() {
+  return has_isa(dnnl::cpu_isa::avx512_core);
+}
 
 // float32 on AVX-512; bfloat16 where the CPU has AVX-512 BF16 (what ATen uses for it too)
 bool onednn_dtype_ok(const at::Tensor& t) {
@@ -52,7 +54,8 @@ bool onednn_dtype_ok(const at::Tensor& t) {
 }
 
 dnnl::memory::data_type dnnl_type(const at::Tensor& t) {
-  return t.scalar_type() == at::kBFloat16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+  return t.scalar_type() == at::kBFloat16 ? dnnl::memory::data_type::bf16
+                                          : dnnl::memory::data_type::f32;
 }
 
 dnnl::engine& cpu_engine() {
@@ -95,16 +98,16 @@ dnnl::memory::desc runtime_matrix_desc(const at::Tensor& t) {
 }
 
 bool runtime_shapes_ok(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
-  return a.dim() == 2 && (a.stride(1) == 1 || a.stride(0) == 1) && (b.stride(1) == 1 || b.stride(0) == 1) &&
-         out.stride(1) == 1;
+  return a.dim() == 2 && (a.stride(1) == 1 || a.stride(0) == 1) &&
+         (b.stride(1) == 1 || b.stride(0) == 1) && out.stride(1) == 1;
 }
 
 // Runs out = a @ b (+ bias | + out) through oneDNN; false when oneDNN has no kernel for these
 // strides (the caller then falls back). shapes_vary: 2-D products whose sizes change from call
 // to call (an expert's rows) share one primitive with the sizes given at execution time —
 // creating a primitive per shape costs ~0.4 ms, more than such a product itself.
-bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
-                   bool accumulate, bool shapes_vary) {
+bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                   const at::Tensor& bias, bool accumulate, bool shapes_vary) {
   const bool runtime = shapes_vary && runtime_shapes_ok(out, a, b);
   std::string key;
   key.reserve(160);
@@ -169,7 +172,8 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
       {DNNL_ARG_SRC, dnnl::memory(matrix_desc(a), cpu_engine(), a.data_ptr())},
       {DNNL_ARG_WEIGHTS, dnnl::memory(matrix_desc(b), cpu_engine(), b.data_ptr())},
       {DNNL_ARG_DST, dnnl::memory(matrix_desc(out), cpu_engine(), out.data_ptr())}};
-  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_md, cpu_engine(), bias.data_ptr()));
+  if (bias.defined())
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_md, cpu_engine(), bias.data_ptr()));
   prim.execute(stream, args);
   stream.wait();
   onednn_products.fetch_add(1, std::memory_order_relaxed);
@@ -184,8 +188,8 @@ bool plain_matrices(const at::Tensor& t) {
 #endif
 
 // ATen's products (OpenBLAS on CPU; any dtype and device), writing into out.
-void fallback_gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
-                       bool accumulate) {
+void fallback_gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                       const at::Tensor& bias, bool accumulate) {
   if (a.dim() == 2) {
     auto o = out;  // the *_out functions take a non-const reference
     if (accumulate)
@@ -215,7 +219,8 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     auto y = at::empty({x2.size(0), out_features}, x.options());
     gemm_out(y, x2, weight.t(), bias);
     // x is needed for the weight's gradient, the weight for x's
-    ctx->save_for_backward({weight.requires_grad() ? x2 : at::Tensor(), x.requires_grad() ? weight : at::Tensor()});
+    ctx->save_for_backward(
+        {weight.requires_grad() ? x2 : at::Tensor(), x.requires_grad() ? weight : at::Tensor()});
     ctx->saved_data["shape"] = x.sizes().vec();
     ctx->saved_data["bias"] = bias.defined();
     ctx->saved_data["w_column_major"] = weight.stride(0) == 1 && weight.size(0) > 1;
@@ -239,8 +244,9 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
       // in the parameter's own layout (a transposed view stays transposed), so that autograd
       // keeps it as the gradient without a copy
       const int64_t out_features = g2.size(1), in = x2.size(1);
-      gw = ctx->saved_data["w_column_major"].toBool() ? at::empty({in, out_features}, g2.options()).t()
-                                                      : at::empty({out_features, in}, g2.options());
+      gw = ctx->saved_data["w_column_major"].toBool()
+               ? at::empty({in, out_features}, g2.options()).t()
+               : at::empty({out_features, in}, g2.options());
       gemm_out(gw, g2.t(), x2);
     }
     if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) gb = g2.sum(0);
@@ -257,7 +263,8 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
     shape.back() = b.size(-1);
     auto out = at::empty(shape, a.options());
     gemm_out(out, a, b);
-    ctx->save_for_backward({b.requires_grad() ? a : at::Tensor(), a.requires_grad() ? b : at::Tensor()});
+    ctx->save_for_backward(
+        {b.requires_grad() ? a : at::Tensor(), a.requires_grad() ? b : at::Tensor()});
     return out;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -294,27 +301,31 @@ bool all_float_cpu(std::initializer_list<const at::Tensor*> ts) {
 
 bool onednn_matmul_enabled(const at::Tensor& t) {
 #ifdef EMOE_HAVE_ONEDNN
-  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat && !at::autocast::is_cpu_enabled() &&
-         onednn_isa_ok();
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat &&
+         !at::autocast::is_cpu_enabled() && onednn_isa_ok();
 #else
   (void)t;
   return false;
 #endif
 }
 
-int64_t onednn_product_count() { return onednn_products.load(); }
+int64_t onednn_product_count() {
+  return onednn_products.load();
+}
 
 std::string matmul_backend_name() {
 #ifdef EMOE_HAVE_ONEDNN
   if (onednn_isa_ok())
-    return has_isa(dnnl::cpu_isa::avx512_core_bf16) ? "onednn (avx512_core, bf16)" : "onednn (avx512_core)";
+    return has_isa(dnnl::cpu_isa::avx512_core_bf16) ? "onednn (avx512_core, bf16)"
+                                                    : "onednn (avx512_core)";
 #endif
   return "aten (OpenBLAS)";
 }
 
-void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
-              bool accumulate, bool shapes_vary) {
-  TORCH_CHECK(a.dim() >= 2 && a.dim() == b.dim() && a.dim() == out.dim(), "gemm_out: expected matrices of equal rank");
+void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+              const at::Tensor& bias, bool accumulate, bool shapes_vary) {
+  TORCH_CHECK(a.dim() >= 2 && a.dim() == b.dim() && a.dim() == out.dim(),
+              "gemm_out: expected matrices of equal rank");
   TORCH_CHECK(!(accumulate && bias.defined()), "gemm_out: accumulate takes no bias");
   if (out.numel() == 0) return;
   if (a.size(-1) == 0) {  // an empty sum
@@ -327,14 +338,18 @@ void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, c
   // outᵀ = bᵀ aᵀ, into the same memory, now row-major.
   if (!bias.defined() && out.size(-1) > 1 && out.size(-2) > 1 && out.stride(-2) == 1 &&
       out.stride(-1) >= out.size(-2)) {
-    gemm_out(out.transpose(-2, -1), b.transpose(-2, -1), a.transpose(-2, -1), at::Tensor(), accumulate, shapes_vary);
+    gemm_out(out.transpose(-2, -1), b.transpose(-2, -1), a.transpose(-2, -1), at::Tensor(),
+             accumulate, shapes_vary);
     return;
   }
 #ifdef EMOE_HAVE_ONEDNN
   // the inputs' own dtype (no autocast applies to a product asked for directly), one for all
-  const bool same_dtype = b.scalar_type() == a.scalar_type() && out.scalar_type() == a.scalar_type() &&
-                          (!bias.defined() || bias.scalar_type() == a.scalar_type() || bias.scalar_type() == at::kFloat);
-  if (same_dtype && onednn_dtype_ok(a) && b.device().is_cpu() && out.device().is_cpu() && plain_matrices(out)) {
+  const bool same_dtype = b.scalar_type() == a.scalar_type() &&
+                          out.scalar_type() == a.scalar_type() &&
+                          (!bias.defined() || bias.scalar_type() == a.scalar_type() ||
+                           bias.scalar_type() == at::kFloat);
+  if (same_dtype && onednn_dtype_ok(a) && b.device().is_cpu() && out.device().is_cpu() &&
+      plain_matrices(out)) {
     const auto pa = plain_matrices(a) ? a : a.contiguous();
     const auto pb = plain_matrices(b) ? b : b.contiguous();
     const auto pbias = bias.defined() ? bias.contiguous() : bias;
@@ -348,7 +363,8 @@ void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, c
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!onednn_matmul_enabled(x) || !all_float_cpu({&weight, &bias})) return torch::linear(x, weight, bias);
+  if (!onednn_matmul_enabled(x) || !all_float_cpu({&weight, &bias}))
+    return torch::linear(x, weight, bias);
   return LinearFn::apply(x, weight, bias.defined() ? bias : at::empty({0}, weight.options()));
 }
 

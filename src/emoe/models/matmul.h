@@ -31,8 +31,9 @@ int64_t onednn_product_count();
 // products whose sizes change from call to call (an expert's rows) share one oneDNN primitive.
 // float32 (AVX-512) and bfloat16 (AVX-512 BF16) go through oneDNN, computing in the inputs' dtype;
 // any other dtype or device through ATen's mm/addmm.
-void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias = at::Tensor(),
-              bool accumulate = false, bool shapes_vary = false);
+void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+              const at::Tensor& bias = at::Tensor(), bool accumulate = false,
+              bool shapes_vary = false);
 
 // x W^T + b with autograd (x [..., in], weight [out, in] in any layout, bias [out] or undefined).
 // Keeps x for the backward pass only when the weight needs a gradient, and the weight only when

@@ -12,11 +12,16 @@ namespace emoe {
 
 std::string head_name(Head h) {
   switch (h) {
-    case Head::kBase: return "base";
-    case Head::kSequenceClassification: return "seqcls";
-    case Head::kMaskedLM: return "mlm";
-    case Head::kCausalLM: return "lm";
-    case Head::kSeq2SeqLM: return "seq2seq-lm";
+    case Head::kBase:
+      return "base";
+    case Head::kSequenceClassification:
+      return "seqcls";
+    case Head::kMaskedLM:
+      return "mlm";
+    case Head::kCausalLM:
+      return "lm";
+    case Head::kSeq2SeqLM:
+      return "seq2seq-lm";
   }
   return "?";
 }
@@ -49,9 +54,13 @@ nlohmann::json config_with_architecture(const JsonFields& config, const std::str
   return j;
 }
 
-std::shared_ptr<torch::nn::Module> container() { return std::make_shared<torch::nn::Module>(); }
+std::shared_ptr<torch::nn::Module> container() {
+  return std::make_shared<torch::nn::Module>();
+}
 
-nlohmann::json PretrainedModelImpl::config_json() const { return config_json_; }
+nlohmann::json PretrainedModelImpl::config_json() const {
+  return config_json_;
+}
 
 torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
   auto t = logits.size(1);
@@ -64,7 +73,8 @@ torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& l
 
 void causal_lm_head(const torch::Tensor& h, LinearImpl* lm_head, const torch::Tensor& tied_weight,
                     const ModelInputs& in, ModelOutputs& out) {
-  if (!in.output_logits && in.labels.defined() && (!lm_head || (!lm_head->adapter() && !lm_head->bias.defined()))) {
+  if (!in.output_logits && in.labels.defined() &&
+      (!lm_head || (!lm_head->adapter() && !lm_head->bias.defined()))) {
     const auto w = lm_head ? lm_head->weight_out_in() : tied_weight;
     if (chunked_lm_loss_supported(h, w)) {
       out.loss = chunked_causal_lm_loss(h, w, in.labels);
@@ -101,31 +111,36 @@ void decoder_only_outputs(const torch::Tensor& h, const DecoderHeads& heads, con
   }
 }
 
-torch::Tensor sequence_classification_loss(const torch::Tensor& logits,
-                                           const torch::Tensor& labels, int64_t num_labels,
-                                           const std::string& problem_type) {
+torch::Tensor sequence_classification_loss(const torch::Tensor& logits, const torch::Tensor& labels,
+                                           int64_t num_labels, const std::string& problem_type) {
   auto y = labels.to(logits.device());
   std::string kind = problem_type;
   if (kind.empty()) {
-    if (num_labels == 1) kind = "regression";
+    if (num_labels == 1)
+      kind = "regression";
     else if (y.scalar_type() == torch::kLong || y.scalar_type() == torch::kInt)
       kind = "single_label_classification";
-    else kind = "multi_label_classification";
+    else
+      kind = "multi_label_classification";
   }
   auto lf = logits.to(torch::kFloat);
   if (kind == "regression")
     return torch::mse_loss(lf.squeeze(-1), y.to(torch::kFloat).view(lf.squeeze(-1).sizes()));
   if (kind == "single_label_classification")
-    return torch::nn::functional::cross_entropy(lf.view({-1, num_labels}), y.view({-1}).to(torch::kLong));
+    return torch::nn::functional::cross_entropy(lf.view({-1, num_labels}),
+                                                y.view({-1}).to(torch::kLong));
   if (kind == "multi_label_classification")
     return torch::binary_cross_entropy_with_logits(lf, y.to(torch::kFloat));
-  EMOE_THROW(InputError, "problem_type: expected regression, single_label_classification or "
-                         "multi_label_classification, got '{}'", problem_type);
+  EMOE_THROW(InputError,
+             "problem_type: expected regression, single_label_classification or "
+             "multi_label_classification, got '{}'",
+             problem_type);
 }
 
 torch::Tensor last_token_index(const torch::Tensor& input_ids, std::optional<int64_t> pad_id) {
   const auto t = input_ids.size(1);
-  if (!pad_id) return torch::full({input_ids.size(0)}, t - 1, input_ids.options().dtype(torch::kLong));
+  if (!pad_id)
+    return torch::full({input_ids.size(0)}, t - 1, input_ids.options().dtype(torch::kLong));
   auto idx = (input_ids == *pad_id).to(torch::kLong).argmax(-1) - 1;
   return torch::remainder(idx, t);  // -1 -> last position, as Python indexing does
 }

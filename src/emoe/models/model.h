@@ -1,10 +1,10 @@
 // The interface every architecture implements: inputs, outputs, heads, checkpoint keys, FFN slots.
 #pragma once
-#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 
 #include <initializer_list>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,15 +57,15 @@ struct ModelInputs {
   // false: when labels are given only the loss is wanted (training), and causal LMs compute it
   // in chunks without the [B, T, vocab] logits (lm_loss.h); logits stay undefined then
   bool output_logits = true;
-  KvCache* cache = nullptr;      // decoder self-attention (and cross-attention) keys and values:
-                                 // read and extended in place
+  KvCache* cache = nullptr;  // decoder self-attention (and cross-attention) keys and values:
+                             // read and extended in place
 };
 
 struct ModelOutputs {
-  torch::Tensor logits;             // head output (undefined for the base model)
-  torch::Tensor last_hidden_state;  // [B, T, H]
-  torch::Tensor pooler_output;      // BERT base model
-  torch::Tensor loss;               // when labels were given
+  torch::Tensor logits;                      // head output (undefined for the base model)
+  torch::Tensor last_hidden_state;           // [B, T, H]
+  torch::Tensor pooler_output;               // BERT base model
+  torch::Tensor loss;                        // when labels were given
   std::vector<torch::Tensor> hidden_states;  // layers + 1 entries, when asked
   std::vector<torch::Tensor> attentions;     // per layer [B, heads, T, S], when asked
   // Encoder-decoder models: hidden_states/attentions above are the decoder's (as Hugging Face's
@@ -145,9 +145,8 @@ struct DecoderHeads {
 // with an attention mask, else last_token_index), with the loss when labels are given.
 void decoder_only_outputs(const torch::Tensor& h, const DecoderHeads& heads, const ModelInputs& in,
                           ModelOutputs& out);
-torch::Tensor sequence_classification_loss(const torch::Tensor& logits,
-                                           const torch::Tensor& labels, int64_t num_labels,
-                                           const std::string& problem_type);
+torch::Tensor sequence_classification_loss(const torch::Tensor& logits, const torch::Tensor& labels,
+                                           int64_t num_labels, const std::string& problem_type);
 
 // Hugging Face's pooled index for decoder classifiers: (first pad in the row) - 1, i.e. the
 // last position when a row has no pad or starts with one.

@@ -12,7 +12,8 @@ std::vector<NamedRouted> routed_ffn_plugs(PretrainedModelImpl& model) {
   std::vector<NamedRouted> out;
   for (FfnSlot* slot : model.ffn_slots()) {
     Routed* r = slot->plug() ? slot->plug()->routed() : nullptr;
-    if (r) out.push_back({fmt::format("layer {}", slot->layer_index()), slot->layer_index(), true, r});
+    if (r)
+      out.push_back({fmt::format("layer {}", slot->layer_index()), slot->layer_index(), true, r});
   }
   return out;
 }

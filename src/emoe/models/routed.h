@@ -33,7 +33,7 @@ class Routed {
 };
 
 struct NamedRouted {
-  std::string name;   // "layer 8" for an FFN plug, the adapted module's name for an adapter
+  std::string name;    // "layer 8" for an FFN plug, the adapted module's name for an adapter
   int64_t layer = -1;  // the FFN slot's layer index (what MoE layer lists count); -1: none
   bool ffn = false;    // an FFN plug (else an adapter on a Linear)
   Routed* routed = nullptr;

@@ -28,9 +28,10 @@ at::Tensor importance_load_loss(const at::Tensor& clean_logits, const at::Tensor
 
 at::Tensor switch_loss(const at::Tensor& probs, const at::Tensor& topk_idx) {
   const int64_t e = probs.size(1);
-  auto counts = torch::zeros({e}, probs.options().dtype(torch::kFloat))
-                    .index_add_(0, topk_idx.reshape({-1}),
-                                torch::ones({topk_idx.numel()}, probs.options().dtype(torch::kFloat)));
+  auto counts =
+      torch::zeros({e}, probs.options().dtype(torch::kFloat))
+          .index_add_(0, topk_idx.reshape({-1}),
+                      torch::ones({topk_idx.numel()}, probs.options().dtype(torch::kFloat)));
   auto f = counts / static_cast<double>(topk_idx.numel());
   auto p = probs.to(torch::kFloat).mean(0);
   return static_cast<double>(e) * (f * p).sum();

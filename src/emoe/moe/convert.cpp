@@ -18,7 +18,8 @@ namespace {
 class ActivationRecorderImpl : public FfnPlug {
  public:
   explicit ActivationRecorderImpl(int64_t max_tokens) : max_tokens_(max_tokens) {}
-  torch::Tensor run(const torch::Tensor& x, const torch::Tensor& token_mask, FfnSlot& slot) override {
+  torch::Tensor run(const torch::Tensor& x, const torch::Tensor& token_mask,
+                    FfnSlot& slot) override {
     auto flat = x.reshape({-1, x.size(-1)});
     auto h = slot.ffn_hidden(flat);
     if (count_ < max_tokens_) {
@@ -51,8 +52,10 @@ FfnSlot& slot_at(PretrainedModelImpl& model, int64_t layer) {
 
 std::shared_ptr<RoutedFfnImpl> make_plug(const MoeConfig& cfg, FfnSlot& slot) {
   std::shared_ptr<RoutedFfnImpl> plug;
-  if (cfg.method == MoeMethod::kGmoe) plug = std::make_shared<UpcycledFfnImpl>(cfg, slot);
-  else plug = std::make_shared<ExpertFfnImpl>(cfg, slot);
+  if (cfg.method == MoeMethod::kGmoe)
+    plug = std::make_shared<UpcycledFfnImpl>(cfg, slot);
+  else
+    plug = std::make_shared<ExpertFfnImpl>(cfg, slot);
   auto v = slot.ffn_view();
   plug->to(v.w_in.device(), v.w_in.scalar_type());
   return plug;
@@ -81,8 +84,10 @@ void permute_ffn(FfnSlot& slot, const std::vector<int64_t>& perm) {
   apply(v.w_out, 1);
 }
 
-FfnActivations collect_ffn_activations(PretrainedModelImpl& model, const std::vector<int64_t>& layers,
-                                       const std::vector<ModelInputs>& batches, int64_t max_tokens) {
+FfnActivations collect_ffn_activations(PretrainedModelImpl& model,
+                                       const std::vector<int64_t>& layers,
+                                       const std::vector<ModelInputs>& batches,
+                                       int64_t max_tokens) {
   std::map<int64_t, std::shared_ptr<ActivationRecorderImpl>> rec;
   std::map<int64_t, std::shared_ptr<FfnPlug>> previous;
   for (auto l : layers) {
@@ -147,8 +152,10 @@ MoeState convert_to_moe(PretrainedModelImpl& model, MoeConfig cfg,
       } else {
         r = coactivation_split(acts.hidden[l] > 0, keys, cfg.experts, cfg.seed + l);
       }
-      r.random_inertia = cfg.split == "random" ? r.inertia
-                                               : random_split(keys, cfg.experts, cfg.seed + static_cast<uint64_t>(l)).inertia;
+      r.random_inertia =
+          cfg.split == "random"
+              ? r.inertia
+              : random_split(keys, cfg.experts, cfg.seed + static_cast<uint64_t>(l)).inertia;
       permute_ffn(slot, r.permutation);
       spdlog::info("layer {}: {} split into {} experts of {} in {:.2f} s, inertia {:.4f}", l,
                    r.method, cfg.experts, s.intermediate_size / cfg.experts, r.seconds, r.inertia);
@@ -236,8 +243,12 @@ nlohmann::json moe_state_to_json(const MoeState& state) {
                                  {"iterations", r.iterations},
                                  {"restarts", r.restarts},
                                  {"allowed", r.allowed}};
-  return {{"format", "emoe-moe"}, {"version", 1}, {"emoe_version", EMOE_VERSION},
-          {"source", state.source}, {"config", state.config.to_json()}, {"layers", layers}};
+  return {{"format", "emoe-moe"},
+          {"version", 1},
+          {"emoe_version", EMOE_VERSION},
+          {"source", state.source},
+          {"config", state.config.to_json()},
+          {"layers", layers}};
 }
 
 MoeState moe_state_from_json(const JsonFields& j) {
@@ -272,8 +283,8 @@ MoeState moe_state_from_json(const JsonFields& j) {
     r.restarts = lj.get_int("restarts", 0);
     r.allowed = lj.get_int_list("allowed");
     for (auto e : r.allowed)
-      EMOE_CHECK(e >= 0 && e < st.config.experts, InputError, "{}: layers.{}.allowed: expert {} out of range",
-                 j.file(), it.key(), e);
+      EMOE_CHECK(e >= 0 && e < st.config.experts, InputError,
+                 "{}: layers.{}.allowed: expert {} out of range", j.file(), it.key(), e);
     std::vector<bool> seen(r.permutation.size(), false);
     for (auto p : r.permutation) {
       EMOE_CHECK(p >= 0 && p < static_cast<int64_t>(seen.size()) && !seen[p], InputError,

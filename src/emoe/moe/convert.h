@@ -24,7 +24,8 @@ struct FfnActivations {
   std::map<int64_t, torch::Tensor> inputs;  // [n, d]
   std::map<int64_t, torch::Tensor> hidden;  // [n, d_ff]
 };
-FfnActivations collect_ffn_activations(PretrainedModelImpl& model, const std::vector<int64_t>& layers,
+FfnActivations collect_ffn_activations(PretrainedModelImpl& model,
+                                       const std::vector<int64_t>& layers,
                                        const std::vector<ModelInputs>& batches, int64_t max_tokens);
 
 // Reorders a slot's neurons in place: new neuron i is old neuron perm[i] (rows of w_in, b_in,

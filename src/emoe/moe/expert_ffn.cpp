@@ -1,8 +1,6 @@
 // Dispatched experts in one autograd function (see expert_ffn.h).
 #include "emoe/moe/expert_ffn.h"
 
-#include "emoe/models/matmul.h"
-
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
@@ -10,6 +8,7 @@
 #include <atomic>
 
 #include "emoe/core/error.h"
+#include "emoe/models/matmul.h"
 #include "emoe/moe/expert_kernels.h"
 
 namespace emoe {
@@ -21,25 +20,44 @@ using torch::autograd::variable_list;
 
 void activation_out(at::Tensor& out, const at::Tensor& pre, Activation act) {
   switch (act) {
-    case Activation::kGeluErf: at::gelu_out(out, pre, "none"); return;
-    case Activation::kGeluTanh: at::gelu_out(out, pre, "tanh"); return;
-    case Activation::kSilu: at::silu_out(out, pre); return;
-    case Activation::kRelu: at::clamp_min_out(out, pre, 0); return;
+    case Activation::kGeluErf:
+      at::gelu_out(out, pre, "none");
+      return;
+    case Activation::kGeluTanh:
+      at::gelu_out(out, pre, "tanh");
+      return;
+    case Activation::kSilu:
+      at::silu_out(out, pre);
+      return;
+    case Activation::kRelu:
+      at::clamp_min_out(out, pre, 0);
+      return;
   }
 }
 
 // d act(pre) / d pre · grad, as ATen's own backward kernels compute it.
-void activation_backward_out(at::Tensor& out, const at::Tensor& grad, const at::Tensor& pre, Activation act) {
+void activation_backward_out(at::Tensor& out, const at::Tensor& grad, const at::Tensor& pre,
+                             Activation act) {
   switch (act) {
-    case Activation::kGeluErf: at::gelu_backward_out(out, grad, pre, "none"); return;
-    case Activation::kGeluTanh: at::gelu_backward_out(out, grad, pre, "tanh"); return;
-    case Activation::kSilu: at::silu_backward_out(out, grad, pre); return;
-    case Activation::kRelu: at::threshold_backward_out(out, grad, pre, 0); return;
+    case Activation::kGeluErf:
+      at::gelu_backward_out(out, grad, pre, "none");
+      return;
+    case Activation::kGeluTanh:
+      at::gelu_backward_out(out, grad, pre, "tanh");
+      return;
+    case Activation::kSilu:
+      at::silu_backward_out(out, grad, pre);
+      return;
+    case Activation::kRelu:
+      at::threshold_backward_out(out, grad, pre, 0);
+      return;
   }
 }
 
 // absent optional tensors travel through autograd as empty ones
-at::Tensor opt(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? t : at::Tensor(); }
+at::Tensor opt(const at::Tensor& t) {
+  return t.defined() && t.numel() > 0 ? t : at::Tensor();
+}
 
 std::atomic<bool> kernels_enabled{true};
 
@@ -54,47 +72,60 @@ Kernels kernel_kind(const at::Tensor& x, at::ScalarType acc) {
   return Kernels::kNone;
 }
 
-const float* fptr(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
-const uint16_t* bptr(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); }
-uint16_t* bptr_mut(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+const float* fptr(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr<float>() : nullptr;
+}
+const uint16_t* bptr(const at::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
+}
+uint16_t* bptr_mut(at::Tensor& t) {
+  return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
+}
 
 // The kernels on tensors. Weights come in two layouts: "neuron rows" [E·s, d] (w_in, w_up) and
 // "neuron columns" [d, E·s] (w_out); expert j's block is its s neurons. x, h, y contiguous.
 // out[r, :] = x[tokens[r]] · block_jᵀ (+ bias): out [rows, s] in x's dtype.
-void gather_products(Kernels kind, const at::Tensor& x, const at::Tensor& tok, const std::vector<int64_t>& counts,
-                     int64_t s, const at::Tensor& w, bool neuron_rows, const at::Tensor& bias, at::Tensor& out) {
+void gather_products(Kernels kind, const at::Tensor& x, const at::Tensor& tok,
+                     const std::vector<int64_t>& counts, int64_t s, const at::Tensor& w,
+                     bool neuron_rows, const at::Tensor& bias, at::Tensor& out) {
   const int64_t d = x.size(1), es = static_cast<int64_t>(counts.size()) * s;
-  auto bc = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();  // float32 in both kinds
+  auto bc =
+      bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();  // float32 in both kinds
   if (kind == Kernels::kFloat) {
-    auto b = neuron_rows ? w.t().contiguous() : w.contiguous();  // [d, E·s]: block j a row-major panel
-    expert_kernels::gather_gemm(fptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, fptr(b), es, fptr(bc),
-                                out.data_ptr<float>());
+    auto b =
+        neuron_rows ? w.t().contiguous() : w.contiguous();  // [d, E·s]: block j a row-major panel
+    expert_kernels::gather_gemm(fptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, fptr(b), es,
+                                fptr(bc), out.data_ptr<float>());
   } else {
     auto b = w.contiguous();
     expert_kernels::gather_gemm_bf16(bptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, bptr(b),
-                                     neuron_rows ? 1 : es, neuron_rows ? d : 1, fptr(bc), bptr_mut(out));
+                                     neuron_rows ? 1 : es, neuron_rows ? d : 1, fptr(bc),
+                                     bptr_mut(out));
   }
 }
 
 // y[tokens[r], :] += h[r] · block_j, y float32 [n, d]
-void scatter_products(Kernels kind, const at::Tensor& h, const at::Tensor& tok, const std::vector<int64_t>& counts,
-                      int64_t s, const at::Tensor& w, bool neuron_rows, at::Tensor& y) {
+void scatter_products(Kernels kind, const at::Tensor& h, const at::Tensor& tok,
+                      const std::vector<int64_t>& counts, int64_t s, const at::Tensor& w,
+                      bool neuron_rows, at::Tensor& y) {
   const int64_t d = y.size(1), es = static_cast<int64_t>(counts.size()) * s;
   if (kind == Kernels::kFloat) {
     auto b = neuron_rows ? w.contiguous() : w.t().contiguous();  // [E·s, d]
-    expert_kernels::scatter_gemm(h.data_ptr<float>(), tok.data_ptr<int64_t>(), counts, s, fptr(b), d, d,
-                                 y.data_ptr<float>(), d);
+    expert_kernels::scatter_gemm(h.data_ptr<float>(), tok.data_ptr<int64_t>(), counts, s, fptr(b),
+                                 d, d, y.data_ptr<float>(), d);
   } else {
     auto b = w.contiguous();
-    expert_kernels::scatter_gemm_bf16(bptr(h), tok.data_ptr<int64_t>(), counts, s, bptr(b), neuron_rows ? d : 1,
-                                      neuron_rows ? 1 : es, d, y.data_ptr<float>(), d);
+    expert_kernels::scatter_gemm_bf16(bptr(h), tok.data_ptr<int64_t>(), counts, s, bptr(b),
+                                      neuron_rows ? d : 1, neuron_rows ? 1 : es, d,
+                                      y.data_ptr<float>(), d);
   }
 }
 
 // dest [d, E·s] (any dtype and strides): column block j = Σ over expert j's rows r of
 // x[tokens[r]]ᵀ h[r], summed in float32 (written in place when dest is contiguous float32)
-void weight_grad_products(Kernels kind, const at::Tensor& x, const at::Tensor& tok, const std::vector<int64_t>& counts,
-                          int64_t s, const at::Tensor& h, at::Tensor dest) {
+void weight_grad_products(Kernels kind, const at::Tensor& x, const at::Tensor& tok,
+                          const std::vector<int64_t>& counts, int64_t s, const at::Tensor& h,
+                          at::Tensor dest) {
   const int64_t d = x.size(1), es = static_cast<int64_t>(counts.size()) * s;
   const bool direct = dest.scalar_type() == at::kFloat && dest.is_contiguous();
   auto t = direct ? dest : torch::empty({d, es}, x.options().dtype(at::kFloat));
@@ -103,8 +134,8 @@ void weight_grad_products(Kernels kind, const at::Tensor& x, const at::Tensor& t
     expert_kernels::gather_weight_grad(fptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, fptr(hc),
                                        t.data_ptr<float>(), es);
   else
-    expert_kernels::gather_weight_grad_bf16(bptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, bptr(hc),
-                                            t.data_ptr<float>(), es);
+    expert_kernels::gather_weight_grad_bf16(bptr(x), d, d, tok.data_ptr<int64_t>(), counts, s,
+                                            bptr(hc), t.data_ptr<float>(), es);
   if (!direct) dest.copy_(t);
 }
 
@@ -145,10 +176,10 @@ int64_t largest_group(const std::vector<ExpertGroup>& groups) {
 class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertFfnFn> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w_in,
-                            const at::Tensor& b_in_e, const at::Tensor& w_up_e, const at::Tensor& w_out,
-                            const at::Tensor& weights_e, const at::Tensor& tokens,
-                            std::vector<int64_t> counts, int64_t act_code, int64_t group_bytes,
-                            int64_t acc_code) {
+                            const at::Tensor& b_in_e, const at::Tensor& w_up_e,
+                            const at::Tensor& w_out, const at::Tensor& weights_e,
+                            const at::Tensor& tokens, std::vector<int64_t> counts, int64_t act_code,
+                            int64_t group_bytes, int64_t acc_code) {
     RECORD_FUNCTION("emoe::dispatched_experts", std::vector<c10::IValue>());
     const auto act = static_cast<Activation>(act_code);
     const at::Tensor b_in = opt(b_in_e), w_up = opt(w_up_e), weights = opt(weights_e);
@@ -181,7 +212,8 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
                               up.defined() ? up : torch::empty({0}, x.options())});
       return out;
     }
-    const auto groups = expert_groups(counts, d * static_cast<int64_t>(x.element_size()), group_bytes);
+    const auto groups =
+        expert_groups(counts, d * static_cast<int64_t>(x.element_size()), group_bytes);
     auto pre = torch::empty({rows, s}, x.options());
     auto up = w_up.defined() ? torch::empty({rows, s}, x.options()) : at::Tensor();
     auto buf = torch::empty({largest_group(groups), d}, x.options());
@@ -196,7 +228,8 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
         auto xj = xg.narrow(0, off, c);
         auto prej = pre.narrow(0, grp.row + off, c);
         auto w_in_j = w_in.narrow(0, j * s, s);
-        emoe::gemm_out(prej, xj, w_in_j.t(), b_in.defined() ? b_in.narrow(0, j * s, s) : at::Tensor(),
+        emoe::gemm_out(prej, xj, w_in_j.t(),
+                       b_in.defined() ? b_in.narrow(0, j * s, s) : at::Tensor(),
                        /*accumulate=*/false, /*shapes_vary=*/true);
         if (up.defined()) {
           auto upj = up.narrow(0, grp.row + off, c);
@@ -219,9 +252,11 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
         const int64_t c = counts[j];
         if (c == 0) continue;
         auto yj = yg.narrow(0, off, c);
-        emoe::gemm_out(yj, h.narrow(0, grp.row + off, c), w_out.narrow(1, j * s, s).t(), {}, false, true);
+        emoe::gemm_out(yj, h.narrow(0, grp.row + off, c), w_out.narrow(1, j * s, s).t(), {}, false,
+                       true);
       }
-      out.index_add_(0, tokens.narrow(0, grp.row, grp.rows), yg.scalar_type() == acc ? yg : yg.to(acc));
+      out.index_add_(0, tokens.narrow(0, grp.row, grp.rows),
+                     yg.scalar_type() == acc ? yg : yg.to(acc));
     }
     ctx->save_for_backward({x, w_in, w_up_e, w_out, weights_e, tokens, pre,
                             up.defined() ? up : torch::empty({0}, x.options())});
@@ -309,8 +344,9 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     activation_backward_out(g_pre, gh, pre, act);
     at::Tensor g_b_in;
     if (need_b_in) {  // each expert's rows summed into its block
-      auto expert_of_row = torch::arange(e, tokens.options())
-                               .repeat_interleave(torch::tensor(counts, torch::kLong).to(tokens.device()));
+      auto expert_of_row =
+          torch::arange(e, tokens.options())
+              .repeat_interleave(torch::tensor(counts, torch::kLong).to(tokens.device()));
       g_b_in = torch::zeros({e, s}, o).index_add_(0, expert_of_row, g_pre).view({e * s});
     }
     // pass 2: gradients of w_in, w_up and x, expert by expert; x's rows are gathered per group
@@ -345,22 +381,27 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
         if (need_x) {
           emoe::gemm_out(xj, g_pre_j, w_in.narrow(0, j * s, s), {}, false, true);
           if (up.defined())
-            emoe::gemm_out(xj, g_up.narrow(0, grp.row + off, c), w_up.narrow(0, j * s, s), {}, /*accumulate=*/true, true);
+            emoe::gemm_out(xj, g_up.narrow(0, grp.row + off, c), w_up.narrow(0, j * s, s), {},
+                           /*accumulate=*/true, true);
         }
       }
       if (need_x) gx.index_add_(0, idx, xg.scalar_type() == acc ? xg : xg.to(acc));
     }
     if (gx.defined() && gx.scalar_type() != x.scalar_type()) gx = gx.to(x.scalar_type());
-    return {gx,          g_w_in,       g_b_in,       g_w_up,       g_w_out,
-            g_weights,   at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {gx,           g_w_in,       g_b_in,       g_w_up,       g_w_out,     g_weights,
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-bool set_expert_kernels(bool enabled) { return kernels_enabled.exchange(enabled); }
+bool set_expert_kernels(bool enabled) {
+  return kernels_enabled.exchange(enabled);
+}
 
-bool expert_kernels_used(const at::Tensor& x) { return kernel_kind(x, at::kFloat) != Kernels::kNone; }
+bool expert_kernels_used(const at::Tensor& x) {
+  return kernel_kind(x, at::kFloat) != Kernels::kNone;
+}
 
 at::Tensor dispatched_expert_ffn(const at::Tensor& x, const at::Tensor& tokens,
                                  const std::vector<int64_t>& counts, const at::Tensor& weights,
@@ -369,21 +410,22 @@ at::Tensor dispatched_expert_ffn(const at::Tensor& x, const at::Tensor& tokens,
                                  int64_t group_bytes, c10::optional<at::ScalarType> accumulate) {
   EMOE_CHECK(x.dim() == 2 && w_in.dim() == 2 && w_out.dim() == 2, UsageError,
              "dispatched_expert_ffn: expected 2-d x, w_in and w_out");
-  EMOE_CHECK(!counts.empty() && w_in.size(0) % static_cast<int64_t>(counts.size()) == 0 &&
-                 w_out.size(1) == w_in.size(0) && w_in.size(1) == x.size(1) && w_out.size(0) == x.size(1),
-             UsageError, "dispatched_expert_ffn: {} experts do not fit w_in [{}, {}] and w_out [{}, {}]",
-             counts.size(), w_in.size(0), w_in.size(1), w_out.size(0), w_out.size(1));
+  EMOE_CHECK(
+      !counts.empty() && w_in.size(0) % static_cast<int64_t>(counts.size()) == 0 &&
+          w_out.size(1) == w_in.size(0) && w_in.size(1) == x.size(1) && w_out.size(0) == x.size(1),
+      UsageError, "dispatched_expert_ffn: {} experts do not fit w_in [{}, {}] and w_out [{}, {}]",
+      counts.size(), w_in.size(0), w_in.size(1), w_out.size(0), w_out.size(1));
   int64_t rows = 0;
   for (auto c : counts) rows += c;
   EMOE_CHECK(rows == tokens.size(0) && (!weights.defined() || weights.numel() == rows), UsageError,
              "dispatched_expert_ffn: segments cover {} rows, tokens has {}", rows, tokens.size(0));
   auto empty = torch::empty({0}, x.options());
-  if (rows == 0) return torch::zeros(x.sizes(), x.options().dtype(accumulate.value_or(x.scalar_type())));
-  return DispatchedExpertFfnFn::apply(x, w_in, b_in.defined() ? b_in : empty,
-                                      w_up.defined() ? w_up : empty, w_out,
-                                      weights.defined() ? weights.reshape({-1}) : empty, tokens,
-                                      counts, static_cast<int64_t>(act), group_bytes,
-                                      static_cast<int64_t>(accumulate.value_or(x.scalar_type())));
+  if (rows == 0)
+    return torch::zeros(x.sizes(), x.options().dtype(accumulate.value_or(x.scalar_type())));
+  return DispatchedExpertFfnFn::apply(
+      x, w_in, b_in.defined() ? b_in : empty, w_up.defined() ? w_up : empty, w_out,
+      weights.defined() ? weights.reshape({-1}) : empty, tokens, counts, static_cast<int64_t>(act),
+      group_bytes, static_cast<int64_t>(accumulate.value_or(x.scalar_type())));
 }
 
 }  // namespace emoe

@@ -17,8 +17,8 @@ namespace {
 // inline function shared with the rest of the program is compiled for AVX-512 here.
 #define EMOE_AVX512 __attribute__((target("avx512f")))
 
-constexpr int kTileRows = 8;        // rows of a register tile
-constexpr int64_t kTileCols = 48;   // columns of a register tile: 3 vectors, 24 accumulators
+constexpr int kTileRows = 8;       // rows of a register tile
+constexpr int64_t kTileCols = 48;  // columns of a register tile: 3 vectors, 24 accumulators
 
 __mmask16 tail_mask(int64_t cols) {  // the first `cols` (1..16) lanes
   return cols >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << cols) - 1u);
@@ -27,9 +27,11 @@ __mmask16 tail_mask(int64_t cols) {  // the first `cols` (1..16) lanes
 // The register tile all three kernels share: acc[i][:] = Σ_t scalar(t, i) · row(t)[:] over
 // t < steps, for R rows i and NV vectors of columns (the last one masked by `tail`).
 template <int R, int NV, class RowAt, class ScalarAt>
-EMOE_AVX512 inline __attribute__((always_inline)) void tile_accumulate(__m512 (&acc)[R][NV], int64_t steps,
-                                                                      __mmask16 tail, const RowAt& row_at,
-                                                                      const ScalarAt& scalar_at) {
+EMOE_AVX512 inline __attribute__((always_inline)) void tile_accumulate(__m512 (&acc)[R][NV],
+                                                                       int64_t steps,
+                                                                       __mmask16 tail,
+                                                                       const RowAt& row_at,
+                                                                       const ScalarAt& scalar_at) {
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 3
@@ -39,7 +41,8 @@ EMOE_AVX512 inline __attribute__((always_inline)) void tile_accumulate(__m512 (&
     __m512 rv[NV];
 #pragma GCC unroll 3
     for (int v = 0; v < NV; ++v)
-      rv[v] = v + 1 < NV ? _mm512_loadu_ps(row + 16 * v) : _mm512_maskz_loadu_ps(tail, row + 16 * v);
+      rv[v] =
+          v + 1 < NV ? _mm512_loadu_ps(row + 16 * v) : _mm512_maskz_loadu_ps(tail, row + 16 * v);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       const __m512 av = _mm512_set1_ps(scalar_at(t, i));
@@ -53,9 +56,11 @@ inline __mmask16 vector_mask(int v, int nv, __mmask16 tail) {
   return v + 1 < nv ? static_cast<__mmask16>(0xFFFF) : tail;
 }
 
-// The tiles' two epilogues: y_i[:] += acc[i][:] (rows anywhere), w[i, :] = acc[i][:] (strided rows).
+// The tiles' two epilogues: y_i[:] += acc[i][:] (rows anywhere), w[i, :] = acc[i][:] (strided
+// rows).
 template <int R, int NV>
-EMOE_AVX512 inline __attribute__((always_inline)) void add_into_rows(const __m512 (&acc)[R][NV], __mmask16 tail,
+EMOE_AVX512 inline __attribute__((always_inline)) void add_into_rows(const __m512 (&acc)[R][NV],
+                                                                     __mmask16 tail,
                                                                      float* const* y) {
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
@@ -68,29 +73,33 @@ EMOE_AVX512 inline __attribute__((always_inline)) void add_into_rows(const __m51
 }
 
 template <int R, int NV>
-EMOE_AVX512 inline __attribute__((always_inline)) void store_rows(const __m512 (&acc)[R][NV], __mmask16 tail, float* w,
+EMOE_AVX512 inline __attribute__((always_inline)) void store_rows(const __m512 (&acc)[R][NV],
+                                                                  __mmask16 tail, float* w,
                                                                   int64_t ldw) {
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(w + i * ldw + 16 * v, vector_mask(v, NV, tail), acc[i][v]);
+    for (int v = 0; v < NV; ++v)
+      _mm512_mask_storeu_ps(w + i * ldw + 16 * v, vector_mask(v, NV, tail), acc[i][v]);
 }
 
 // c[i, :] (+bias) = Σ_kk a_i[kk] · b[kk, :]
 template <int R, int NV>
-EMOE_AVX512 void tile_gather(const float* const* a, int64_t k, const float* b, int64_t ldb, __mmask16 tail,
-                             const float* bias, float* c, int64_t ldc) {
+EMOE_AVX512 void tile_gather(const float* const* a, int64_t k, const float* b, int64_t ldb,
+                             __mmask16 tail, const float* bias, float* c, int64_t ldc) {
   const float* ap[R];
   for (int i = 0; i < R; ++i) ap[i] = a[i];
   __m512 acc[R][NV];
   tile_accumulate<R, NV>(
-      acc, k, tail, [&](int64_t kk) { return b + kk * ldb; }, [&](int64_t kk, int i) { return ap[i][kk]; });
+      acc, k, tail, [&](int64_t kk) { return b + kk * ldb; },
+      [&](int64_t kk, int i) { return ap[i][kk]; });
 #pragma GCC unroll 3
   for (int v = 0; v < NV; ++v) {
     const __mmask16 m = vector_mask(v, NV, tail);
     const __m512 bb = bias ? _mm512_maskz_loadu_ps(m, bias + 16 * v) : _mm512_setzero_ps();
 #pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(c + i * ldc + 16 * v, m, _mm512_add_ps(acc[i][v], bb));
+    for (int i = 0; i < R; ++i)
+      _mm512_mask_storeu_ps(c + i * ldc + 16 * v, m, _mm512_add_ps(acc[i][v], bb));
   }
 }
 
@@ -100,14 +109,15 @@ EMOE_AVX512 void tile_scatter(const float* h, int64_t ldh, int64_t s, const floa
                               __mmask16 tail, float* const* y) {
   __m512 acc[R][NV];
   tile_accumulate<R, NV>(
-      acc, s, tail, [&](int64_t kk) { return b + kk * ldb; }, [&](int64_t kk, int i) { return h[i * ldh + kk]; });
+      acc, s, tail, [&](int64_t kk) { return b + kk * ldb; },
+      [&](int64_t kk, int i) { return h[i * ldh + kk]; });
   add_into_rows<R, NV>(acc, tail, y);
 }
 
 // w[i, :] = Σ_r x[tokens[r]][i] · h[r, :] for R consecutive columns i of x (x offset to them)
 template <int R, int NV>
-EMOE_AVX512 void tile_wgrad(const float* x, int64_t ldx, const int64_t* tokens, int64_t m, const float* h,
-                            int64_t ldh, __mmask16 tail, float* w, int64_t ldw) {
+EMOE_AVX512 void tile_wgrad(const float* x, int64_t ldx, const int64_t* tokens, int64_t m,
+                            const float* h, int64_t ldh, __mmask16 tail, float* w, int64_t ldw) {
   __m512 acc[R][NV];
   tile_accumulate<R, NV>(
       acc, m, tail, [&](int64_t r) { return h + r * ldh; },
@@ -115,17 +125,21 @@ EMOE_AVX512 void tile_wgrad(const float* x, int64_t ldx, const int64_t* tokens, 
   store_rows<R, NV>(acc, tail, w, ldw);
 }
 
-using GatherTile = void (*)(const float* const*, int64_t, const float*, int64_t, __mmask16, const float*,
-                            float*, int64_t);
-using ScatterTile = void (*)(const float*, int64_t, int64_t, const float*, int64_t, __mmask16, float* const*);
-using WgradTile = void (*)(const float*, int64_t, const int64_t*, int64_t, const float*, int64_t, __mmask16,
-                           float*, int64_t);
+using GatherTile = void (*)(const float* const*, int64_t, const float*, int64_t, __mmask16,
+                            const float*, float*, int64_t);
+using ScatterTile = void (*)(const float*, int64_t, int64_t, const float*, int64_t, __mmask16,
+                             float* const*);
+using WgradTile = void (*)(const float*, int64_t, const int64_t*, int64_t, const float*, int64_t,
+                           __mmask16, float*, int64_t);
 
 // [rows - 1][vectors - 1] (the bfloat16 tables below use the same macros)
-#define EMOE_TILE_ROW(F, R) {&F<R, 1>, &F<R, 2>, &F<R, 3>}
-#define EMOE_TILE_TABLE(F)                                                                          \
-  {EMOE_TILE_ROW(F, 1), EMOE_TILE_ROW(F, 2), EMOE_TILE_ROW(F, 3), EMOE_TILE_ROW(F, 4),              \
-   EMOE_TILE_ROW(F, 5), EMOE_TILE_ROW(F, 6), EMOE_TILE_ROW(F, 7), EMOE_TILE_ROW(F, 8)}
+#define EMOE_TILE_ROW(F, R) \
+  { &F<R, 1>, &F<R, 2>, &F<R, 3> }
+#define EMOE_TILE_TABLE(F)                                                                 \
+  {                                                                                        \
+    EMOE_TILE_ROW(F, 1), EMOE_TILE_ROW(F, 2), EMOE_TILE_ROW(F, 3), EMOE_TILE_ROW(F, 4),    \
+        EMOE_TILE_ROW(F, 5), EMOE_TILE_ROW(F, 6), EMOE_TILE_ROW(F, 7), EMOE_TILE_ROW(F, 8) \
+  }
 const GatherTile kGatherTiles[kTileRows][3] = EMOE_TILE_TABLE(tile_gather);
 const ScatterTile kScatterTiles[kTileRows][3] = EMOE_TILE_TABLE(tile_scatter);
 const WgradTile kWgradTiles[kTileRows][3] = EMOE_TILE_TABLE(tile_wgrad);
@@ -151,7 +165,8 @@ void parallel_by_cost(int64_t n, const Cost& cost, const Body& body) {
   auto bound = [&](int64_t t) {  // first item of thread t's run
     if (t >= threads) return n;
     const double target = prefix[n] * static_cast<double>(t) / static_cast<double>(threads);
-    return static_cast<int64_t>(std::lower_bound(prefix.begin(), prefix.end(), target) - prefix.begin());
+    return static_cast<int64_t>(std::lower_bound(prefix.begin(), prefix.end(), target) -
+                                prefix.begin());
   };
   at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) body(std::min(bound(t), n), std::min(bound(t + 1), n));
@@ -190,8 +205,8 @@ inline uint32_t load_pair(const uint16_t* p) {
 
 // out[p][c] = S(2p, c) | S(2p + 1, c) << 16 with S(kk, c) = b[kk·stride_k + c·stride_n] (zero
 // past K), for p < ceil(K/2), c < n; out row stride ldo.
-void pack_pairs(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k, int64_t stride_n, uint32_t* out,
-                int64_t ldo) {
+void pack_pairs(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k, int64_t stride_n,
+                uint32_t* out, int64_t ldo) {
   RECORD_FUNCTION("emoe::pack_pairs", std::vector<c10::IValue>());
   const int64_t pairs = (k + 1) / 2;
   if (stride_k == 1) {  // pairs contiguous in b: a transpose of 32-bit words, in 16 x 16 blocks
@@ -224,17 +239,21 @@ void pack_pairs(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k, int64
 // acc[i][:] += a_at(i) ⊙ row[:] (bf16 pairs) for R rows and NV vectors (the last one masked).
 // (A helper rather than a lambda: lambdas do not inherit the target attribute.)
 template <int R, int NV, class AAt>
-EMOE_AVX512BF16 inline __attribute__((always_inline)) void dp_step(__m512 (&acc)[R][NV], const uint32_t* row,
-                                                                   __mmask16 tail, const AAt& a_at) {
+EMOE_AVX512BF16 inline __attribute__((always_inline)) void dp_step(__m512 (&acc)[R][NV],
+                                                                   const uint32_t* row,
+                                                                   __mmask16 tail,
+                                                                   const AAt& a_at) {
   __m512i rv[NV];
 #pragma GCC unroll 3
   for (int v = 0; v < NV; ++v)
-    rv[v] = v + 1 < NV ? _mm512_loadu_si512(row + 16 * v) : _mm512_maskz_loadu_epi32(tail, row + 16 * v);
+    rv[v] = v + 1 < NV ? _mm512_loadu_si512(row + 16 * v)
+                       : _mm512_maskz_loadu_epi32(tail, row + 16 * v);
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i) {
     const __m512i av = _mm512_set1_epi32(static_cast<int>(a_at(i)));
 #pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)av, (__m512bh)rv[v]);
+    for (int v = 0; v < NV; ++v)
+      acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)av, (__m512bh)rv[v]);
   }
 }
 
@@ -242,52 +261,57 @@ EMOE_AVX512BF16 inline __attribute__((always_inline)) void dp_step(__m512 (&acc)
 // + last_at(i) (one bf16, the high half zero) ⊙ row_at(pairs)[:].
 template <int R, int NV, class RowAt, class PairAt, class LastAt>
 EMOE_AVX512BF16 inline __attribute__((always_inline)) void tile_accumulate_bf16(
-    __m512 (&acc)[R][NV], int64_t pairs, bool odd, __mmask16 tail, const RowAt& row_at, const PairAt& pair_at,
-    const LastAt& last_at) {
+    __m512 (&acc)[R][NV], int64_t pairs, bool odd, __mmask16 tail, const RowAt& row_at,
+    const PairAt& pair_at, const LastAt& last_at) {
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 3
     for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < pairs; ++p) dp_step<R, NV>(acc, row_at(p), tail, [&](int i) { return pair_at(p, i); });
+  for (int64_t p = 0; p < pairs; ++p)
+    dp_step<R, NV>(acc, row_at(p), tail, [&](int i) { return pair_at(p, i); });
   if (odd) dp_step<R, NV>(acc, row_at(pairs), tail, [&](int i) { return uint32_t{last_at(i)}; });
 }
 
 // c[i, :] = bf16(Σ_kk a_i[kk] · b[kk, :] (+ bias)), b packed in pairs (row stride ldb words)
 template <int R, int NV>
-EMOE_AVX512BF16 void tile_gather_bf16(const uint16_t* const* a, int64_t k, const uint32_t* b, int64_t ldb,
-                                      __mmask16 tail, const float* bias, uint16_t* c, int64_t ldc) {
+EMOE_AVX512BF16 void tile_gather_bf16(const uint16_t* const* a, int64_t k, const uint32_t* b,
+                                      int64_t ldb, __mmask16 tail, const float* bias, uint16_t* c,
+                                      int64_t ldc) {
   const uint16_t* ap[R];
   for (int i = 0; i < R; ++i) ap[i] = a[i];
   __m512 acc[R][NV];
   tile_accumulate_bf16<R, NV>(
       acc, k / 2, k % 2 != 0, tail, [&](int64_t p) { return b + p * ldb; },
-      [&](int64_t p, int i) { return load_pair(ap[i] + 2 * p); }, [&](int i) { return ap[i][k - 1]; });
+      [&](int64_t p, int i) { return load_pair(ap[i] + 2 * p); },
+      [&](int i) { return ap[i][k - 1]; });
 #pragma GCC unroll 3
   for (int v = 0; v < NV; ++v) {
     const __mmask16 m = vector_mask(v, NV, tail);
     const __m512 bb = bias ? _mm512_maskz_loadu_ps(m, bias + 16 * v) : _mm512_setzero_ps();
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i)
-      _mm256_mask_storeu_epi16(c + i * ldc + 16 * v, m, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[i][v], bb)));
+      _mm256_mask_storeu_epi16(c + i * ldc + 16 * v, m,
+                               (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[i][v], bb)));
   }
 }
 
 // y_i[:] += Σ_kk h[i, kk] · b[kk, :] in float32 for R rows of h (row stride ldh), s terms
 template <int R, int NV>
-EMOE_AVX512BF16 void tile_scatter_bf16(const uint16_t* h, int64_t ldh, int64_t s, const uint32_t* b, int64_t ldb,
-                                       __mmask16 tail, float* const* y) {
+EMOE_AVX512BF16 void tile_scatter_bf16(const uint16_t* h, int64_t ldh, int64_t s, const uint32_t* b,
+                                       int64_t ldb, __mmask16 tail, float* const* y) {
   __m512 acc[R][NV];
   tile_accumulate_bf16<R, NV>(
       acc, s / 2, s % 2 != 0, tail, [&](int64_t p) { return b + p * ldb; },
-      [&](int64_t p, int i) { return load_pair(h + i * ldh + 2 * p); }, [&](int i) { return h[i * ldh + s - 1]; });
+      [&](int64_t p, int i) { return load_pair(h + i * ldh + 2 * p); },
+      [&](int i) { return h[i * ldh + s - 1]; });
   add_into_rows<R, NV>(acc, tail, y);
 }
 
 // w[i, :] = Σ_p at[p·8 + i] ⊙ b[p, :] (float32) for R rows i: `at` holds, per pair of routed
 // rows, their tokens' elements of R consecutive input features interleaved
 template <int R, int NV>
-EMOE_AVX512BF16 void tile_wgrad_bf16(const uint32_t* at, int64_t pairs, const uint32_t* b, int64_t ldb,
-                                     __mmask16 tail, float* w, int64_t ldw) {
+EMOE_AVX512BF16 void tile_wgrad_bf16(const uint32_t* at, int64_t pairs, const uint32_t* b,
+                                     int64_t ldb, __mmask16 tail, float* w, int64_t ldw) {
   __m512 acc[R][NV];
   tile_accumulate_bf16<R, NV>(
       acc, pairs, false, tail, [&](int64_t p) { return b + p * ldb; },
@@ -297,22 +321,25 @@ EMOE_AVX512BF16 void tile_wgrad_bf16(const uint32_t* at, int64_t pairs, const ui
 
 // at[p·8 + i] = x[t0][i] | x[t1][i] << 16 for the pair (t0, t1) = (tokens[2p], tokens[2p+1]) of
 // m rows (the last pair's second row zero when m is odd), i < R (R <= 8: the rest zero)
-EMOE_AVX512BF16 void interleave_rows_bf16(const uint16_t* x, int64_t ldx, const int64_t* tokens, int64_t m, int r,
-                                          uint32_t* at) {
+EMOE_AVX512BF16 void interleave_rows_bf16(const uint16_t* x, int64_t ldx, const int64_t* tokens,
+                                          int64_t m, int r, uint32_t* at) {
   const __mmask8 mask = static_cast<__mmask8>((1u << r) - 1u);
   for (int64_t p = 0; 2 * p < m; ++p) {
     const __m128i lo = _mm_maskz_loadu_epi16(mask, x + tokens[2 * p] * ldx);
-    const __m128i hi = 2 * p + 1 < m ? _mm_maskz_loadu_epi16(mask, x + tokens[2 * p + 1] * ldx) : _mm_setzero_si128();
+    const __m128i hi = 2 * p + 1 < m ? _mm_maskz_loadu_epi16(mask, x + tokens[2 * p + 1] * ldx)
+                                     : _mm_setzero_si128();
     _mm_storeu_si128(reinterpret_cast<__m128i*>(at + p * kTileRows), _mm_unpacklo_epi16(lo, hi));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(at + p * kTileRows + 4), _mm_unpackhi_epi16(lo, hi));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(at + p * kTileRows + 4),
+                     _mm_unpackhi_epi16(lo, hi));
   }
 }
 
-using GatherTileBf16 = void (*)(const uint16_t* const*, int64_t, const uint32_t*, int64_t, __mmask16,
-                                const float*, uint16_t*, int64_t);
-using ScatterTileBf16 = void (*)(const uint16_t*, int64_t, int64_t, const uint32_t*, int64_t, __mmask16,
-                                 float* const*);
-using WgradTileBf16 = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, __mmask16, float*, int64_t);
+using GatherTileBf16 = void (*)(const uint16_t* const*, int64_t, const uint32_t*, int64_t,
+                                __mmask16, const float*, uint16_t*, int64_t);
+using ScatterTileBf16 = void (*)(const uint16_t*, int64_t, int64_t, const uint32_t*, int64_t,
+                                 __mmask16, float* const*);
+using WgradTileBf16 = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, __mmask16,
+                               float*, int64_t);
 
 const GatherTileBf16 kGatherTilesBf16[kTileRows][3] = EMOE_TILE_TABLE(tile_gather_bf16);
 const ScatterTileBf16 kScatterTilesBf16[kTileRows][3] = EMOE_TILE_TABLE(tile_scatter_bf16);
@@ -323,17 +350,19 @@ const WgradTileBf16 kWgradTilesBf16[kTileRows][3] = EMOE_TILE_TABLE(tile_wgrad_b
 // The row tiles of a gather, over the intra-op threads by cost: tile(a, tile, c0, chunk) with a
 // the tile's input rows (x's rows of its tokens), for each column chunk of the s outputs.
 template <class T, class TileFn>
-void for_gather_tiles(const T* x, int64_t ldx, const int64_t* tokens, const std::vector<int64_t>& counts, int64_t s,
-                      const TileFn& tile_fn) {
+void for_gather_tiles(const T* x, int64_t ldx, const int64_t* tokens,
+                      const std::vector<int64_t>& counts, int64_t s, const TileFn& tile_fn) {
   const auto tiles = row_tiles(counts);
   parallel_by_cost(
-      static_cast<int64_t>(tiles.size()), [&](int64_t i) { return static_cast<double>(tiles[i].rows); },
+      static_cast<int64_t>(tiles.size()),
+      [&](int64_t i) { return static_cast<double>(tiles[i].rows); },
       [&](int64_t t0, int64_t t1) {
         const T* a[kTileRows];
         for (int64_t t = t0; t < t1; ++t) {
           const auto& tile = tiles[t];
           for (int64_t i = 0; i < tile.rows; ++i) a[i] = x + tokens[tile.row + i] * ldx;
-          for (int64_t c0 = 0; c0 < s; c0 += kTileCols) tile_fn(a, tile, c0, column_chunk(std::min(kTileCols, s - c0)));
+          for (int64_t c0 = 0; c0 < s; c0 += kTileCols)
+            tile_fn(a, tile, c0, column_chunk(std::min(kTileCols, s - c0)));
         }
       });
 }
@@ -342,9 +371,10 @@ void for_gather_tiles(const T* x, int64_t ldx, const int64_t* tokens, const std:
 // no two write the same element and each element sums its experts' terms in expert order
 // whatever the thread count. tile_fn(expert, first row, rows, c0, chunk, y rows).
 template <class TileFn>
-void for_scatter_tiles(const int64_t* tokens, const std::vector<int64_t>& counts, int64_t n, float* y, int64_t ldy,
-                       const TileFn& tile_fn) {
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (n + 15) / 16));
+void for_scatter_tiles(const int64_t* tokens, const std::vector<int64_t>& counts, int64_t n,
+                       float* y, int64_t ldy, const TileFn& tile_fn) {
+  const int64_t threads =
+      std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (n + 15) / 16));
   const int64_t span = (n + 15) / 16 / threads * 16 + ((n + 15) / 16 % threads ? 16 : 0);
   at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
     float* yp[kTileRows];
@@ -359,7 +389,8 @@ void for_scatter_tiles(const int64_t* tokens, const std::vector<int64_t>& counts
             for (int64_t i = 0; i < rows; ++i) yp[i] = y + tokens[row + r + i] * ldy + c0;
             // the next tile's output rows, while this one computes
             for (int64_t i = r + kTileRows; i < std::min(counts[j], r + 2 * kTileRows); ++i)
-              for (int64_t l = 0; l < ch.nv; ++l) __builtin_prefetch(y + tokens[row + i] * ldy + c0 + 16 * l, 1);
+              for (int64_t l = 0; l < ch.nv; ++l)
+                __builtin_prefetch(y + tokens[row + i] * ldy + c0 + 16 * l, 1);
             tile_fn(j, row + r, rows, c0, ch, yp);
           }
         }
@@ -379,19 +410,23 @@ void gather_gemm(const float* x, int64_t ldx, int64_t k, const int64_t* tokens,
                  const std::vector<int64_t>& counts, int64_t s, const float* b, int64_t ldb,
                  const float* bias, float* c) {
   RECORD_FUNCTION("emoe::expert_gather_gemm", std::vector<c10::IValue>());
-  for_gather_tiles(x, ldx, tokens, counts, s, [&](const float* const* a, const RowTile& tile, int64_t c0, Chunk ch) {
-    kGatherTiles[tile.rows - 1][ch.nv - 1](a, k, b + tile.expert * s + c0, ldb, ch.tail,
-                                           bias ? bias + tile.expert * s + c0 : nullptr, c + tile.row * s + c0, s);
-  });
+  for_gather_tiles(x, ldx, tokens, counts, s,
+                   [&](const float* const* a, const RowTile& tile, int64_t c0, Chunk ch) {
+                     kGatherTiles[tile.rows - 1][ch.nv - 1](
+                         a, k, b + tile.expert * s + c0, ldb, ch.tail,
+                         bias ? bias + tile.expert * s + c0 : nullptr, c + tile.row * s + c0, s);
+                   });
 }
 
-void scatter_gemm(const float* h, const int64_t* tokens, const std::vector<int64_t>& counts, int64_t s,
-                  const float* b, int64_t ldb, int64_t n, float* y, int64_t ldy) {
+void scatter_gemm(const float* h, const int64_t* tokens, const std::vector<int64_t>& counts,
+                  int64_t s, const float* b, int64_t ldb, int64_t n, float* y, int64_t ldy) {
   RECORD_FUNCTION("emoe::expert_scatter_gemm", std::vector<c10::IValue>());
-  for_scatter_tiles(tokens, counts, n, y, ldy,
-                    [&](int64_t j, int64_t row, int64_t rows, int64_t c0, Chunk ch, float* const* yp) {
-                      kScatterTiles[rows - 1][ch.nv - 1](h + row * s, s, s, b + j * s * ldb + c0, ldb, ch.tail, yp);
-                    });
+  for_scatter_tiles(
+      tokens, counts, n, y, ldy,
+      [&](int64_t j, int64_t row, int64_t rows, int64_t c0, Chunk ch, float* const* yp) {
+        kScatterTiles[rows - 1][ch.nv - 1](h + row * s, s, s, b + j * s * ldb + c0, ldb, ch.tail,
+                                           yp);
+      });
 }
 
 void gather_weight_grad(const float* x, int64_t ldx, int64_t k, const int64_t* tokens,
@@ -433,42 +468,50 @@ bool bf16_available() {
 }
 
 namespace {
-std::unique_ptr<uint32_t[]> words(int64_t n) { return std::unique_ptr<uint32_t[]>(new uint32_t[std::max<int64_t>(n, 1)]); }
+std::unique_ptr<uint32_t[]> words(int64_t n) {
+  return std::unique_ptr<uint32_t[]>(new uint32_t[std::max<int64_t>(n, 1)]);
+}
 }  // namespace
 
 void gather_gemm_bf16(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
-                      const std::vector<int64_t>& counts, int64_t s, const uint16_t* b, int64_t b_k, int64_t b_c,
-                      const float* bias, uint16_t* c) {
+                      const std::vector<int64_t>& counts, int64_t s, const uint16_t* b, int64_t b_k,
+                      int64_t b_c, const float* bias, uint16_t* c) {
   RECORD_FUNCTION("emoe::expert_gather_gemm_bf16", std::vector<c10::IValue>());
   const int64_t e = static_cast<int64_t>(counts.size()), pairs = (k + 1) / 2;
   auto packed = words(e * pairs * s);  // expert j's [pairs, s] panel at j·pairs·s, pairs along k
   at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j) pack_pairs(b + j * s * b_c, k, s, b_k, b_c, packed.get() + j * pairs * s, s);
+    for (int64_t j = j0; j < j1; ++j)
+      pack_pairs(b + j * s * b_c, k, s, b_k, b_c, packed.get() + j * pairs * s, s);
   });
-  for_gather_tiles(x, ldx, tokens, counts, s, [&](const uint16_t* const* a, const RowTile& tile, int64_t c0, Chunk ch) {
-    kGatherTilesBf16[tile.rows - 1][ch.nv - 1](a, k, packed.get() + tile.expert * pairs * s + c0, s, ch.tail,
-                                               bias ? bias + tile.expert * s + c0 : nullptr, c + tile.row * s + c0, s);
-  });
+  for_gather_tiles(x, ldx, tokens, counts, s,
+                   [&](const uint16_t* const* a, const RowTile& tile, int64_t c0, Chunk ch) {
+                     kGatherTilesBf16[tile.rows - 1][ch.nv - 1](
+                         a, k, packed.get() + tile.expert * pairs * s + c0, s, ch.tail,
+                         bias ? bias + tile.expert * s + c0 : nullptr, c + tile.row * s + c0, s);
+                   });
 }
 
-void scatter_gemm_bf16(const uint16_t* h, const int64_t* tokens, const std::vector<int64_t>& counts, int64_t s,
-                       const uint16_t* b, int64_t b_k, int64_t b_c, int64_t n, float* y, int64_t ldy) {
+void scatter_gemm_bf16(const uint16_t* h, const int64_t* tokens, const std::vector<int64_t>& counts,
+                       int64_t s, const uint16_t* b, int64_t b_k, int64_t b_c, int64_t n, float* y,
+                       int64_t ldy) {
   RECORD_FUNCTION("emoe::expert_scatter_gemm_bf16", std::vector<c10::IValue>());
   const int64_t e = static_cast<int64_t>(counts.size()), pairs = (s + 1) / 2;
   auto packed = words(e * pairs * n);  // expert j's [pairs, n] block at j·pairs·n
   at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j) pack_pairs(b + j * s * b_k, s, n, b_k, b_c, packed.get() + j * pairs * n, n);
+    for (int64_t j = j0; j < j1; ++j)
+      pack_pairs(b + j * s * b_k, s, n, b_k, b_c, packed.get() + j * pairs * n, n);
   });
-  for_scatter_tiles(tokens, counts, n, y, ldy,
-                    [&](int64_t j, int64_t row, int64_t rows, int64_t c0, Chunk ch, float* const* yp) {
-                      kScatterTilesBf16[rows - 1][ch.nv - 1](h + row * s, s, s, packed.get() + j * pairs * n + c0, n,
-                                                             ch.tail, yp);
-                    });
+  for_scatter_tiles(
+      tokens, counts, n, y, ldy,
+      [&](int64_t j, int64_t row, int64_t rows, int64_t c0, Chunk ch, float* const* yp) {
+        kScatterTilesBf16[rows - 1][ch.nv - 1](h + row * s, s, s, packed.get() + j * pairs * n + c0,
+                                               n, ch.tail, yp);
+      });
 }
 
 void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
-                             const std::vector<int64_t>& counts, int64_t s, const uint16_t* h, float* w,
-                             int64_t ldw) {
+                             const std::vector<int64_t>& counts, int64_t s, const uint16_t* h,
+                             float* w, int64_t ldw) {
   RECORD_FUNCTION("emoe::expert_weight_grad_bf16", std::vector<c10::IValue>());
   const int64_t e = static_cast<int64_t>(counts.size());
   // h's rows of each expert packed in pairs: expert j's [ceil(m_j/2), s] block at offset[j]
@@ -479,7 +522,8 @@ void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const in
   }
   auto packed = words(offset[e]);
   at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j) pack_pairs(h + first[j] * s, counts[j], s, s, 1, packed.get() + offset[j], s);
+    for (int64_t j = j0; j < j1; ++j)
+      pack_pairs(h + first[j] * s, counts[j], s, s, 1, packed.get() + offset[j], s);
   });
   struct Tile {
     int64_t expert, k0;
@@ -490,7 +534,8 @@ void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const in
   int64_t most = 1;
   for (auto m : counts) most = std::max(most, m);
   parallel_by_cost(
-      static_cast<int64_t>(tiles.size()), [&](int64_t i) { return 1.0 + static_cast<double>(counts[tiles[i].expert]); },
+      static_cast<int64_t>(tiles.size()),
+      [&](int64_t i) { return 1.0 + static_cast<double>(counts[tiles[i].expert]); },
       [&](int64_t t0, int64_t t1) {
         auto at = words((most + 1) / 2 * kTileRows);  // this thread's interleaved token rows
         for (int64_t t = t0; t < t1; ++t) {
@@ -500,7 +545,8 @@ void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const in
           interleave_rows_bf16(x + tile.k0, ldx, tokens + first[tile.expert], m, r, at.get());
           for (int64_t c0 = 0; c0 < s; c0 += kTileCols) {
             const auto ch = column_chunk(std::min(kTileCols, s - c0));
-            kWgradTilesBf16[r - 1][ch.nv - 1](at.get(), pairs, packed.get() + offset[tile.expert] + c0, s, ch.tail,
+            kWgradTilesBf16[r - 1][ch.nv - 1](at.get(), pairs,
+                                              packed.get() + offset[tile.expert] + c0, s, ch.tail,
                                               w + tile.k0 * ldw + tile.expert * s + c0, ldw);
           }
         }

@@ -1,6 +1,6 @@
-// Float32 and bfloat16 CPU kernels for dispatched experts whose gathers and scatters are part of the matrix
-// products: an expert's rows are read straight from the tokens' rows of the input, and its
-// outputs are added straight into the tokens' rows of the output, so the n·k copies that a
+// Float32 and bfloat16 CPU kernels for dispatched experts whose gathers and scatters are part of
+// the matrix products: an expert's rows are read straight from the tokens' rows of the input, and
+// its outputs are added straight into the tokens' rows of the output, so the n·k copies that a
 // library GEMM needs (gather into a buffer, product, scatter-add back) are never made.
 //
 // Why: with many narrow experts (BERT-base at N 64: 48 neurons each, k 16) every token's row is
@@ -29,8 +29,8 @@ void gather_gemm(const float* x, int64_t ldx, int64_t k, const int64_t* tokens,
 // y[tokens[r], 0:n] += h[r, 0:s] · b_j for every row r of expert j, where
 // b_j[c][col] = b[(j·s + c)·ldb + col] (a [s, n] block of rows of b). h is [rows, s], contiguous.
 // Deterministic: each output element sums its rows in expert order.
-void scatter_gemm(const float* h, const int64_t* tokens, const std::vector<int64_t>& counts, int64_t s,
-                  const float* b, int64_t ldb, int64_t n, float* y, int64_t ldy);
+void scatter_gemm(const float* h, const int64_t* tokens, const std::vector<int64_t>& counts,
+                  int64_t s, const float* b, int64_t ldb, int64_t n, float* y, int64_t ldy);
 
 // w_j[kk][c] = Σ over the rows r of expert j of x[tokens[r], kk] · h[r, c], written into
 // w[kk·ldw + j·s + c] (w_j a [k, s] block of columns of w); zero for an expert without rows.
@@ -46,18 +46,20 @@ bool bf16_available();
 // c[r, 0:s] = bf16(x[tokens[r], 0:k] · B_j (+ bias[j·s : j·s+s], float32)) for every row r of
 // expert j, where B_j(kk, c) = b[kk·b_k + (j·s + c)·b_c]. c is [rows, s], contiguous.
 void gather_gemm_bf16(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
-                      const std::vector<int64_t>& counts, int64_t s, const uint16_t* b, int64_t b_k, int64_t b_c,
-                      const float* bias, uint16_t* c);
+                      const std::vector<int64_t>& counts, int64_t s, const uint16_t* b, int64_t b_k,
+                      int64_t b_c, const float* bias, uint16_t* c);
 
 // y[tokens[r], 0:n] += h[r, 0:s] · B_j in float32 for every row r of expert j, where
-// B_j(c, col) = b[(j·s + c)·b_k + col·b_c]. h is [rows, s], contiguous. Deterministic as scatter_gemm.
-void scatter_gemm_bf16(const uint16_t* h, const int64_t* tokens, const std::vector<int64_t>& counts, int64_t s,
-                       const uint16_t* b, int64_t b_k, int64_t b_c, int64_t n, float* y, int64_t ldy);
+// B_j(c, col) = b[(j·s + c)·b_k + col·b_c]. h is [rows, s], contiguous. Deterministic as
+// scatter_gemm.
+void scatter_gemm_bf16(const uint16_t* h, const int64_t* tokens, const std::vector<int64_t>& counts,
+                       int64_t s, const uint16_t* b, int64_t b_k, int64_t b_c, int64_t n, float* y,
+                       int64_t ldy);
 
 // w[kk·ldw + j·s + c] = Σ over the rows r of expert j of x[tokens[r], kk] · h[r, c], in float32;
 // zero for an expert without rows. h is [rows, s], contiguous.
 void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
-                             const std::vector<int64_t>& counts, int64_t s, const uint16_t* h, float* w,
-                             int64_t ldw);
+                             const std::vector<int64_t>& counts, int64_t s, const uint16_t* h,
+                             float* w, int64_t ldw);
 
 }  // namespace emoe::expert_kernels

@@ -1,10 +1,11 @@
 // Gate implementations.
 #include "emoe/moe/gates.h"
-#include "emoe/models/matmul.h"
 
 #include <torch/torch.h>
 
 #include <cmath>
+
+#include "emoe/models/matmul.h"
 
 namespace emoe {
 
@@ -57,14 +58,16 @@ std::shared_ptr<GateImpl> make_gate(const MoeConfig& cfg, FfnSlot& slot) {
   const int64_t d = view.d_model(), e = cfg.experts;
   torch::NoGradGuard g;
   switch (cfg.gate) {
-    case GateKind::kAvgK: return std::make_shared<AvgKGateImpl>(e);
+    case GateKind::kAvgK:
+      return std::make_shared<AvgKGateImpl>(e);
     case GateKind::kLinear: {
       auto gate = std::make_shared<LinearGateImpl>(d, e);
       if (cfg.gate_init == "avgk" && cfg.method != MoeMethod::kGmoe)
         gate->weight.copy_(expert_key_means(view, e));
       return gate;
     }
-    case GateKind::kCosine: return std::make_shared<CosineGateImpl>(d, e, cfg.cosine_dim);
+    case GateKind::kCosine:
+      return std::make_shared<CosineGateImpl>(d, e, cfg.cosine_dim);
     case GateKind::kMlp: {
       auto gate = std::make_shared<MlpGateImpl>(d, e);
       gate->in_proj->weight.copy_(expert_key_means(view, e));  // the expert centres

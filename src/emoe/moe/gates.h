@@ -1,4 +1,5 @@
-// Gates: avg-k (tied to the current keys, no parameters), learned linear, GMoE cosine, MoEfication MLP.
+// Gates: avg-k (tied to the current keys, no parameters), learned linear, GMoE cosine, MoEfication
+// MLP.
 #pragma once
 #include <torch/nn/module.h>
 

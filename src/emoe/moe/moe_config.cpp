@@ -10,29 +10,43 @@ namespace emoe {
 
 std::string to_string(MoeMethod m) {
   switch (m) {
-    case MoeMethod::kEmoe: return "emoe";
-    case MoeMethod::kEmoeLearn: return "emoe-learn";
-    case MoeMethod::kGmoe: return "gmoe";
-    case MoeMethod::kMoefication: return "moefication";
+    case MoeMethod::kEmoe:
+      return "emoe";
+    case MoeMethod::kEmoeLearn:
+      return "emoe-learn";
+    case MoeMethod::kGmoe:
+      return "gmoe";
+    case MoeMethod::kMoefication:
+      return "moefication";
   }
   return "?";
 }
 std::string to_string(GateKind g) {
   switch (g) {
-    case GateKind::kAvgK: return "avgk";
-    case GateKind::kLinear: return "linear";
-    case GateKind::kCosine: return "cosine";
-    case GateKind::kMlp: return "mlp";
+    case GateKind::kAvgK:
+      return "avgk";
+    case GateKind::kLinear:
+      return "linear";
+    case GateKind::kCosine:
+      return "cosine";
+    case GateKind::kMlp:
+      return "mlp";
   }
   return "?";
 }
-std::string to_string(Execution e) { return e == Execution::kMasked ? "masked" : "dispatched"; }
+std::string to_string(Execution e) {
+  return e == Execution::kMasked ? "masked" : "dispatched";
+}
 std::string to_string(BalanceLoss b) {
   switch (b) {
-    case BalanceLoss::kNone: return "none";
-    case BalanceLoss::kImportanceLoad: return "importance-load";
-    case BalanceLoss::kSwitch: return "switch";
-    case BalanceLoss::kZLoss: return "zloss";
+    case BalanceLoss::kNone:
+      return "none";
+    case BalanceLoss::kImportanceLoad:
+      return "importance-load";
+    case BalanceLoss::kSwitch:
+      return "switch";
+    case BalanceLoss::kZLoss:
+      return "zloss";
   }
   return "?";
 }
@@ -61,7 +75,8 @@ BalanceLoss parse_balance_loss(const std::string& s) {
   if (s == "importance-load" || s == "gshard") return BalanceLoss::kImportanceLoad;
   if (s == "switch") return BalanceLoss::kSwitch;
   if (s == "zloss" || s == "z-loss") return BalanceLoss::kZLoss;
-  EMOE_THROW(UsageError, "balance loss: expected none, importance-load, switch or zloss, got '{}'", s);
+  EMOE_THROW(UsageError, "balance loss: expected none, importance-load, switch or zloss, got '{}'",
+             s);
 }
 
 MoeConfig MoeConfig::for_method(MoeMethod m) {
@@ -105,8 +120,8 @@ void MoeConfig::enable_tutel_parity() {
 
 void MoeConfig::validate(int64_t num_layers, int64_t d_ff) const {
   EMOE_CHECK(experts >= 1, UsageError, "--experts: expected >= 1, got {}", experts);
-  EMOE_CHECK(topk >= 1 && topk <= experts, UsageError,
-             "--topk: expected 1 <= k <= N = {}, got {}", experts, topk);
+  EMOE_CHECK(topk >= 1 && topk <= experts, UsageError, "--topk: expected 1 <= k <= N = {}, got {}",
+             experts, topk);
   if (method != MoeMethod::kGmoe) check_expert_count(d_ff, experts, "--experts");
   EMOE_CHECK(!layers.empty(), UsageError, "--layers: no layer selected");
   for (auto l : layers)
@@ -114,14 +129,16 @@ void MoeConfig::validate(int64_t num_layers, int64_t d_ff) const {
                "--layers: layer {} does not exist (the model has layers 0..{})", l, num_layers - 1);
   EMOE_CHECK(split == "balanced-kmeans" || split == "random" || split == "contiguous" ||
                  split == "coactivation",
-             UsageError, "--split: expected balanced-kmeans, random, contiguous or coactivation, got '{}'",
+             UsageError,
+             "--split: expected balanced-kmeans, random, contiguous or coactivation, got '{}'",
              split);
   EMOE_CHECK(gate_init == "avgk" || gate_init == "random", UsageError,
              "--gate-init: expected avgk or random, got '{}'", gate_init);
   EMOE_CHECK(capacity_factor >= 0 && gate_noise >= 0 && preact_dropout >= 0 && preact_dropout < 1,
              UsageError, "capacity factor and gate noise must be >= 0, dropout in [0, 1)");
   if (method == MoeMethod::kEmoe)
-    EMOE_CHECK(gate == GateKind::kAvgK, UsageError, "emoe uses the avg-k gate; for a learned gate use --method emoe-learn");
+    EMOE_CHECK(gate == GateKind::kAvgK, UsageError,
+               "emoe uses the avg-k gate; for a learned gate use --method emoe-learn");
   if (method == MoeMethod::kEmoeLearn || method == MoeMethod::kGmoe)
     EMOE_CHECK(gate == GateKind::kLinear || gate == GateKind::kCosine, UsageError,
                "{} needs a learned gate: --gate linear or cosine", to_string(method));
@@ -134,7 +151,8 @@ nlohmann::json MoeConfig::to_json() const {
           {"layers", layers},
           {"split", split},
           {"seed", seed},
-          {"kmeans", {{"restarts", kmeans.restarts}, {"max_iter", kmeans.max_iter}, {"tol", kmeans.tol}}},
+          {"kmeans",
+           {{"restarts", kmeans.restarts}, {"max_iter", kmeans.max_iter}, {"tol", kmeans.tol}}},
           {"gate", to_string(gate)},
           {"gate_init", gate_init},
           {"execution", to_string(execution)},
@@ -159,7 +177,8 @@ MoeConfig MoeConfig::from_json(const JsonFields& j) {
       throw InputError(j.file() + ": " + e.what());
     }
   };
-  MoeConfig c = MoeConfig::for_method(wrap([&] { return parse_moe_method(j.get_string("method")); }));
+  MoeConfig c =
+      MoeConfig::for_method(wrap([&] { return parse_moe_method(j.get_string("method")); }));
   c.experts = j.get_int("experts");
   c.topk = j.get_int("topk");
   c.layers = j.get_int_list("layers");
@@ -173,14 +192,16 @@ MoeConfig MoeConfig::from_json(const JsonFields& j) {
   }
   c.gate = wrap([&] { return parse_gate_kind(j.get_string("gate", to_string(c.gate))); });
   c.gate_init = j.get_string("gate_init", c.gate_init);
-  c.execution = wrap([&] { return parse_execution(j.get_string("execution", to_string(c.execution))); });
+  c.execution =
+      wrap([&] { return parse_execution(j.get_string("execution", to_string(c.execution))); });
   c.weighted = j.get_bool("weighted", c.weighted);
   c.tutel = j.get_bool("tutel", false);
   c.gate_noise = j.get_double("gate_noise", c.gate_noise);
   c.softmax_before_topk = j.get_bool("softmax_before_topk", c.softmax_before_topk);
   c.capacity_factor = j.get_double("capacity_factor", c.capacity_factor);
   c.batch_prioritized = j.get_bool("batch_prioritized", c.batch_prioritized);
-  c.balance = wrap([&] { return parse_balance_loss(j.get_string("balance_loss", to_string(c.balance))); });
+  c.balance =
+      wrap([&] { return parse_balance_loss(j.get_string("balance_loss", to_string(c.balance))); });
   c.balance_weight = j.get_double("balance_weight", c.balance_weight);
   c.preact_dropout = j.get_double("preact_dropout", c.preact_dropout);
   c.cosine_dim = j.get_int("cosine_dim", c.cosine_dim);

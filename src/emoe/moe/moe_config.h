@@ -1,7 +1,6 @@
 // MoE settings: method, experts, gate, execution path, parity switches; read/written as moe.json.
 #pragma once
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <vector>
 
@@ -28,7 +27,7 @@ struct MoeConfig {
   MoeMethod method = MoeMethod::kEmoe;
   int64_t experts = 64;
   int64_t topk = 16;
-  std::vector<int64_t> layers;  // empty -> default_moe_layers()
+  std::vector<int64_t> layers;            // empty -> default_moe_layers()
   std::string split = "balanced-kmeans";  // balanced-kmeans | random | contiguous | coactivation
   uint64_t seed = 0;
   KMeansOptions kmeans;
@@ -46,9 +45,9 @@ struct MoeConfig {
   bool batch_prioritized = true;     // capacity favours the most confident tokens
   BalanceLoss balance = BalanceLoss::kNone;
   double balance_weight = 0.01;
-  double preact_dropout = 0.0;       // dropout on the FFN pre-activation in training
-  int64_t cosine_dim = 256;          // GMoE cosine router projection
-  int64_t sample_tokens = 4096;      // tokens gathered for coactivation / MoEfication
+  double preact_dropout = 0.0;   // dropout on the FFN pre-activation in training
+  int64_t cosine_dim = 256;      // GMoE cosine router projection
+  int64_t sample_tokens = 4096;  // tokens gathered for coactivation / MoEfication
 
   // Defaults by method (gate, weighting, balance loss), then the tutel switch when set.
   static MoeConfig for_method(MoeMethod m);

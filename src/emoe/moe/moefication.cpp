@@ -16,7 +16,8 @@ at::Tensor expert_activation_share(const at::Tensor& hidden, int64_t experts, bo
 
 double train_moefication_router(ExpertFfnImpl& plug, FfnSlot& slot, const at::Tensor& inputs,
                                 const at::Tensor& targets, const RouterTrainOptions& o) {
-  EMOE_CHECK(inputs.size(0) > 0, InputError, "MoEfication: no sample tokens to train the router on");
+  EMOE_CHECK(inputs.size(0) > 0, InputError,
+             "MoEfication: no sample tokens to train the router on");
   auto gate = plug.gate();
   torch::optim::Adam opt(gate->parameters(), torch::optim::AdamOptions(o.lr));
   auto gen_seed = static_cast<int64_t>(o.seed);
@@ -30,7 +31,8 @@ double train_moefication_router(ExpertFfnImpl& plug, FfnSlot& slot, const at::Te
   const bool was_training = gate->is_training();
   gate->train();
   for (int64_t step = 0; step < o.steps; ++step) {
-    auto idx = torch::randint(n, {std::min(o.batch, n)}, torch::TensorOptions().dtype(torch::kLong).device(dev));
+    auto idx = torch::randint(n, {std::min(o.batch, n)},
+                              torch::TensorOptions().dtype(torch::kLong).device(dev));
     auto logits = gate->logits(x_all.index_select(0, idx), slot).to(torch::kFloat);
     auto loss = torch::binary_cross_entropy_with_logits(logits, t_all.index_select(0, idx));
     opt.zero_grad();

@@ -29,7 +29,8 @@ std::vector<std::vector<int64_t>> most_used_experts(const UsageRecorder& usage, 
   return out;
 }
 
-void apply_expert_pruning(PretrainedModelImpl& model, const std::vector<std::vector<int64_t>>& keep) {
+void apply_expert_pruning(PretrainedModelImpl& model,
+                          const std::vector<std::vector<int64_t>>& keep) {
   std::vector<Routed*> layers;
   for (const auto& m : routed_ffn_plugs(model))
     if (m.routed->supports_expert_mask()) layers.push_back(m.routed);

@@ -1,12 +1,12 @@
 // MoE FFN plugs: routing of real tokens, masked and dispatched expert computation, GMoE experts.
 #include "emoe/moe/routed_ffn.h"
-#include "emoe/models/matmul.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "emoe/core/error.h"
 #include "emoe/models/dropout.h"
+#include "emoe/models/matmul.h"
 #include "emoe/moe/expert_ffn.h"
 #include "emoe/moe/segment_linear.h"
 
@@ -103,7 +103,8 @@ std::string ExpertFfnImpl::bypasses_linear(bool input_side) const {
   return "";
 }
 
-torch::Tensor ExpertFfnImpl::compute_masked(const torch::Tensor& x, const Routing& r, FfnSlot& slot) {
+torch::Tensor ExpertFfnImpl::compute_masked(const torch::Tensor& x, const Routing& r,
+                                            FfnSlot& slot) {
   const int64_t n = x.size(0), e = cfg_.experts;
   torch::Tensor h;
   if (cfg_.preact_dropout > 0 && is_training()) {
@@ -115,7 +116,8 @@ torch::Tensor ExpertFfnImpl::compute_masked(const torch::Tensor& x, const Routin
     h = slot.ffn_hidden(x);
   }
   const int64_t d_ff = h.size(-1);
-  auto mask = torch::zeros({n, e}, h.options()).scatter_add(1, r.experts, r.weights.to(h.scalar_type()));
+  auto mask =
+      torch::zeros({n, e}, h.options()).scatter_add(1, r.experts, r.weights.to(h.scalar_type()));
   h = (h.view({n, e, d_ff / e}) * mask.unsqueeze(-1)).view({n, d_ff});
   return slot.ffn_output(h);
 }
@@ -151,23 +153,25 @@ torch::Tensor ExpertFfnImpl::compute_dispatched(const torch::Tensor& x, const Ro
   if (!(cfg_.preact_dropout > 0 && is_training())) {
     const bool cuda = x.device().is_cuda();
     const bool autocast = cuda ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
-    const auto compute = autocast ? (cuda ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype())
+    const auto compute = autocast ? (cuda ? at::autocast::get_autocast_gpu_dtype()
+                                          : at::autocast::get_autocast_cpu_dtype())
                                   : x.scalar_type();
     auto cast = [&](const torch::Tensor& t) {
       return t.defined() && t.scalar_type() != compute ? t.to(compute) : t;
     };
     c10::impl::ExcludeDispatchKeyGuard no_autocast(
         c10::DispatchKeySet({c10::DispatchKey::AutocastCPU, c10::DispatchKey::AutocastCUDA}));
-    auto out = dispatched_expert_ffn(cast(x), tokens, counts, cast(weights.defined() ? weights.squeeze(1) : torch::Tensor()),
+    auto out = dispatched_expert_ffn(cast(x), tokens, counts,
+                                     cast(weights.defined() ? weights.squeeze(1) : torch::Tensor()),
                                      cast(v.w_in), cast(v.b_in), cast(v.w_up), cast(v.w_out), v.act,
                                      int64_t{16} << 20, x.scalar_type());
     if (v.b_out.defined()) out = out + v.b_out.to(out.scalar_type());
     return out;
   }
-  // Otherwise rows gathered in expert order; each expert is one GEMM over its segment against its block
-  // of the shared weights (segment_linear: no weight slices stacked or copied). The activation,
-  // dropout and gating run once over all segments.
-  auto xs = x.index_select(0, tokens);  // [M, d]
+  // Otherwise rows gathered in expert order; each expert is one GEMM over its segment against its
+  // block of the shared weights (segment_linear: no weight slices stacked or copied). The
+  // activation, dropout and gating run once over all segments.
+  auto xs = x.index_select(0, tokens);                       // [M, d]
   auto pre = segment_linear(xs, v.w_in, v.b_in, counts, 0);  // [M, s]
   if (cfg_.preact_dropout > 0) pre = emoe::dropout(pre, cfg_.preact_dropout, is_training());
   auto h = activate(pre, v.act);
@@ -214,8 +218,10 @@ torch::Tensor UpcycledFfnImpl::compute(const torch::Tensor& x, const Routing& r,
   auto out = torch::zeros({n, x.size(1)}, x.options());
   if (cfg_.execution == Execution::kMasked) {
     // every expert on every token, weighted by the (mostly zero) dense combine matrix
-    auto mask = torch::zeros({n, e}, x.options()).scatter_add(1, r.experts, r.weights.to(x.scalar_type()));
-    for (int64_t j = 0; j < e; ++j) out = out + expert_forward(j, x, slot) * mask.select(1, j).unsqueeze(1);
+    auto mask =
+        torch::zeros({n, e}, x.options()).scatter_add(1, r.experts, r.weights.to(x.scalar_type()));
+    for (int64_t j = 0; j < e; ++j)
+      out = out + expert_forward(j, x, slot) * mask.select(1, j).unsqueeze(1);
     return out;
   }
   const int64_t k = r.experts.size(1);
@@ -227,7 +233,8 @@ torch::Tensor UpcycledFfnImpl::compute(const torch::Tensor& x, const Routing& r,
     if (sel.numel() == 0) continue;
     auto tok = flat_t.index_select(0, sel);
     auto w = flat_w.index_select(0, sel).to(x.scalar_type()).unsqueeze(1);
-    out = out.index_add(0, tok, (expert_forward(j, x.index_select(0, tok), slot) * w).to(out.scalar_type()));
+    out = out.index_add(
+        0, tok, (expert_forward(j, x.index_select(0, tok), slot) * w).to(out.scalar_type()));
   }
   return out;
 }

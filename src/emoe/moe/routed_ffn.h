@@ -1,4 +1,5 @@
-// MoE FFN plugs: the shared routed base (usage, losses, padding), EMoE-style expert slices, GMoE copies.
+// MoE FFN plugs: the shared routed base (usage, losses, padding), EMoE-style expert slices, GMoE
+// copies.
 #pragma once
 #include <torch/nn/module.h>
 
@@ -17,7 +18,8 @@ namespace emoe {
 class RoutedFfnImpl : public FfnPlug, public Routed {
  public:
   RoutedFfnImpl(const MoeConfig& cfg, int64_t layer) : cfg_(cfg), layer_(layer) {}
-  torch::Tensor run(const torch::Tensor& x, const torch::Tensor& token_mask, FfnSlot& slot) override;
+  torch::Tensor run(const torch::Tensor& x, const torch::Tensor& token_mask,
+                    FfnSlot& slot) override;
   Routed* routed() override { return this; }
 
   // Routed

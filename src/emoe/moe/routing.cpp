@@ -47,7 +47,8 @@ Routing route_tokens(const at::Tensor& logits, const MoeConfig& cfg, bool traini
     r.weights = torch::ones({n, k}, clean.options());
   }
   if (cfg.capacity_factor > 0 && n > 0) {
-    const int64_t per = static_cast<int64_t>(cfg.capacity_factor * static_cast<double>((n + e - 1) / e));
+    const int64_t per =
+        static_cast<int64_t>(cfg.capacity_factor * static_cast<double>((n + e - 1) / e));
     const int64_t capacity = k * per;
     auto priority = cfg.batch_prioritized ? std::get<0>(ranked.max(-1)) : at::Tensor();
     auto loc = capacity_locations(r.experts, priority, e);
@@ -61,9 +62,14 @@ Routing route_tokens(const at::Tensor& logits, const MoeConfig& cfg, bool traini
         loss = importance_load_loss(clean, noisy, r.experts, sigma, cfg.tutel);
         break;
       }
-      case BalanceLoss::kSwitch: loss = switch_loss(clean.softmax(-1), r.experts); break;
-      case BalanceLoss::kZLoss: loss = z_loss(clean); break;
-      case BalanceLoss::kNone: break;
+      case BalanceLoss::kSwitch:
+        loss = switch_loss(clean.softmax(-1), r.experts);
+        break;
+      case BalanceLoss::kZLoss:
+        loss = z_loss(clean);
+        break;
+      case BalanceLoss::kNone:
+        break;
     }
     r.aux_loss = loss * cfg.balance_weight;
   }

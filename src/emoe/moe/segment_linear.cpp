@@ -16,9 +16,9 @@ using torch::autograd::variable_list;
 
 class SegmentLinearFn : public torch::autograd::Function<SegmentLinearFn> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
-                               const torch::Tensor& bias_or_empty, std::vector<int64_t> counts,
-                               int64_t block_dim) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias_or_empty,
+                               std::vector<int64_t> counts, int64_t block_dim) {
     RECORD_FUNCTION("emoe::segment_linear", std::vector<c10::IValue>());
     const torch::Tensor bias = bias_or_empty.numel() > 0 ? bias_or_empty : torch::Tensor();
     const int64_t e = static_cast<int64_t>(counts.size());
@@ -34,7 +34,8 @@ class SegmentLinearFn : public torch::autograd::Function<SegmentLinearFn> {
       if (c == 0) continue;
       auto wj = weight.narrow(block_dim, j * s, s);
       auto yj = y.narrow(0, off, c);
-      emoe::gemm_out(yj, xc.narrow(0, off, c), wj.t(), bias.defined() ? bias.narrow(0, j * s, s) : at::Tensor(),
+      emoe::gemm_out(yj, xc.narrow(0, off, c), wj.t(),
+                     bias.defined() ? bias.narrow(0, j * s, s) : at::Tensor(),
                      /*accumulate=*/false, /*shapes_vary=*/true);
       off += c;
     }
@@ -74,7 +75,7 @@ class SegmentLinearFn : public torch::autograd::Function<SegmentLinearFn> {
       auto gyj = gy.narrow(0, off, c);
       auto xj = x.narrow(0, off, c);
       auto gxj = gx.narrow(0, off, c);
-      emoe::gemm_out(gxj, gyj, wj, {}, false, true);  // [c, out] · [out, in]
+      emoe::gemm_out(gxj, gyj, wj, {}, false, true);      // [c, out] · [out, in]
       emoe::gemm_out(gwj, gyj.t(), xj, {}, false, true);  // [out, c] · [c, in]
       if (has_bias) {
         auto gbj = gb.narrow(0, j * s, s);
@@ -91,7 +92,8 @@ class SegmentLinearFn : public torch::autograd::Function<SegmentLinearFn> {
 
 at::Tensor segment_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                           const std::vector<int64_t>& counts, int64_t block_dim) {
-  EMOE_CHECK(block_dim == 0 || block_dim == 1, UsageError, "segment_linear: block_dim must be 0 or 1");
+  EMOE_CHECK(block_dim == 0 || block_dim == 1, UsageError,
+             "segment_linear: block_dim must be 0 or 1");
   EMOE_CHECK(!counts.empty() && weight.size(block_dim) % static_cast<int64_t>(counts.size()) == 0,
              UsageError, "segment_linear: {} experts do not divide {} weight rows/columns",
              counts.size(), weight.size(block_dim));
@@ -99,10 +101,11 @@ at::Tensor segment_linear(const at::Tensor& x, const at::Tensor& weight, const a
   for (auto c : counts) rows += c;
   EMOE_CHECK(rows == x.size(0), UsageError, "segment_linear: segments cover {} rows, input has {}",
              rows, x.size(0));
-  EMOE_CHECK(block_dim == 0 || !bias.defined(), UsageError, "segment_linear: bias only with block_dim 0");
+  EMOE_CHECK(block_dim == 0 || !bias.defined(), UsageError,
+             "segment_linear: bias only with block_dim 0");
   // autograd functions take no undefined tensors: "no bias" travels as an empty one
-  return SegmentLinearFn::apply(x, weight, bias.defined() ? bias : torch::empty({0}, weight.options()),
-                                counts, block_dim);
+  return SegmentLinearFn::apply(
+      x, weight, bias.defined() ? bias : torch::empty({0}, weight.options()), counts, block_dim);
 }
 
 }  // namespace emoe

@@ -32,7 +32,7 @@ at::Tensor kmeans_pp(const at::Tensor& x, int64_t k, std::mt19937_64& rng) {
   const int64_t n = x.size(0);
   const int64_t trials = 2 + static_cast<int64_t>(std::log(static_cast<double>(k)));
   auto xf = x.to(torch::kFloat);
-  auto xnorm = xf.pow(2).sum(1);  // [n]
+  auto xnorm = xf.pow(2).sum(1);               // [n]
   auto dist_to = [&](const at::Tensor& idx) {  // [m, n] squared distances to rows idx
     auto c = xf.index_select(0, idx);
     return (xnorm.index_select(0, idx).unsqueeze(1) + xnorm.unsqueeze(0) - 2.0 * c.matmul(xf.t()))
@@ -53,7 +53,7 @@ at::Tensor kmeans_pp(const at::Tensor& x, int64_t k, std::mt19937_64& rng) {
       int64_t idx = std::lower_bound(cp, cp + n, r) - cp;
       cand.push_back(std::min(idx, n - 1));
     }
-    auto d = dist_to(torch::tensor(cand, torch::kLong));           // [trials, n]
+    auto d = dist_to(torch::tensor(cand, torch::kLong));         // [trials, n]
     auto new_closest = torch::minimum(d, closest.unsqueeze(0));  // [trials, n]
     auto pots = new_closest.sum(1);
     int64_t best = pots.argmin().item<int64_t>();
@@ -67,7 +67,8 @@ at::Tensor kmeans_pp(const at::Tensor& x, int64_t k, std::mt19937_64& rng) {
 at::Tensor centres_of(const at::Tensor& x, const std::vector<int64_t>& assign, int64_t k) {
   auto idx = torch::tensor(assign, torch::kLong);
   auto sums = torch::zeros({k, x.size(1)}, x.options()).index_add_(0, idx, x);
-  auto counts = torch::zeros({k}, x.options()).index_add_(0, idx, torch::ones({x.size(0)}, x.options()));
+  auto counts =
+      torch::zeros({k}, x.options()).index_add_(0, idx, torch::ones({x.size(0)}, x.options()));
   return sums / counts.clamp_min(1.0).unsqueeze(1);
 }
 
@@ -89,8 +90,8 @@ void check_expert_count(int64_t d_ff, int64_t experts, const std::string& what) 
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 std::vector<int64_t> balanced_assignment(const at::Tensor& cost, int64_t capacity) {
   const int64_t p = cost.size(0), k = cost.size(1);
-  EMOE_CHECK(p == k * capacity, InputError, "balanced assignment: {} points for {} x {} slots", p, k,
-             capacity);
+  EMOE_CHECK(p == k * capacity, InputError, "balanced assignment: {} points for {} x {} slots", p,
+             k, capacity);
   auto c = cost.to(torch::kCPU).to(torch::kDouble);
   // Integer costs keep the network simplex exact; the scale keeps ~9 significant digits.
   double maxc = c.abs().max().item<double>();
@@ -202,8 +203,9 @@ SplitResult balanced_kmeans(const at::Tensor& keys, int64_t experts, const KMean
     int64_t it = 0;
     for (; it < o.max_iter; ++it) {
       double ta = now_seconds();
-      auto dist = (xnorm.unsqueeze(1) + centres.pow(2).sum(1).unsqueeze(0) - 2.0 * x.matmul(centres.t()))
-                      .clamp_min(0.0);
+      auto dist =
+          (xnorm.unsqueeze(1) + centres.pow(2).sum(1).unsqueeze(0) - 2.0 * x.matmul(centres.t()))
+              .clamp_min(0.0);
       double tb = now_seconds();
       auto next = balanced_assignment(dist, cap);
       spdlog::debug("  iteration {}: distances {:.2f} s, assignment {:.2f} s", it, tb - ta,

@@ -1,4 +1,5 @@
-// Splitting an FFN's neurons into N equal experts: balanced k-means, random, contiguous, co-activation.
+// Splitting an FFN's neurons into N equal experts: balanced k-means, random, contiguous,
+// co-activation.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -10,7 +11,7 @@ namespace emoe {
 struct SplitResult {
   std::string method;
   int64_t experts = 0;
-  std::vector<int64_t> assignment;   // original neuron -> expert
+  std::vector<int64_t> assignment;  // original neuron -> expert
   // position -> original neuron: expert e owns positions [e*s, (e+1)*s), members in original order.
   std::vector<int64_t> permutation;
   std::vector<int64_t> cluster_sizes;

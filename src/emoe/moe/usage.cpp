@@ -62,7 +62,8 @@ nlohmann::json UsageRecorder::to_json() const {
   nlohmann::json src = nlohmann::json::array(), snaps = nlohmann::json::array();
   for (const auto& s : sources_)
     src.push_back({{"name", s.name}, {"kind", s.kind}, {"experts", s.experts}, {"layer", s.layer}});
-  for (const auto& s : snapshots_) snaps.push_back({{"step", s.step}, {"phase", s.phase}, {"counts", s.counts}});
+  for (const auto& s : snapshots_)
+    snaps.push_back({{"step", s.step}, {"phase", s.phase}, {"counts", s.counts}});
   return {{"format", "emoe-usage"}, {"version", 1}, {"sources", src}, {"snapshots", snaps}};
 }
 
@@ -71,7 +72,8 @@ void UsageRecorder::restore(const nlohmann::json& j) {
   if (j.is_null()) return;
   try {
     EMOE_CHECK(j.at("sources").size() == sources_.size(), InputError,
-               "usage record: {} sources saved, the model has {}", j.at("sources").size(), sources_.size());
+               "usage record: {} sources saved, the model has {}", j.at("sources").size(),
+               sources_.size());
     for (const auto& s : j.at("snapshots")) {
       UsageSnapshot snap;
       snap.step = s.at("step").get<int64_t>();
@@ -118,7 +120,8 @@ UsageRecorder UsageRecorder::load(const std::string& path) {
   u.restore(j);
   for (const auto& snap : u.snapshots_) {
     EMOE_CHECK(snap.counts.size() == u.sources_.size(), InputError,
-               "{}: a snapshot has {} sources, expected {}", path, snap.counts.size(), u.sources_.size());
+               "{}: a snapshot has {} sources, expected {}", path, snap.counts.size(),
+               u.sources_.size());
     for (size_t i = 0; i < snap.counts.size(); ++i)
       EMOE_CHECK(static_cast<int64_t>(snap.counts[i].size()) == u.sources_[i].experts, InputError,
                  "{}: source {} has {} counts, expected {}", path, u.sources_[i].name,

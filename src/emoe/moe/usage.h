@@ -2,9 +2,8 @@
 // probability mass for MoV / MoLoRA), counted apart for training and for each evaluation set,
 // snapshotted every `interval` steps and at each evaluation; saved as usage.json and usage.csv.
 #pragma once
-#include <nlohmann/json.hpp>
-
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -13,17 +12,17 @@
 namespace emoe {
 
 struct UsageSource {
-  std::string name;     // "layer 8" (MoE) or the adapted module ("...attention.self.key")
-  std::string kind;     // "selections" (top-k picks, padding excluded) or "router mass"
+  std::string name;  // "layer 8" (MoE) or the adapted module ("...attention.self.key")
+  std::string kind;  // "selections" (top-k picks, padding excluded) or "router mass"
   int64_t experts = 0;
-  int64_t layer = -1;   // transformer layer index
+  int64_t layer = -1;  // transformer layer index
   // Takes (and resets) the counts of one phase: [experts] on the CPU as doubles.
   std::function<std::vector<double>(bool training)> take;
 };
 
 struct UsageSnapshot {
   int64_t step = 0;
-  std::string phase;  // "train", "dev", or an out-of-domain set's name
+  std::string phase;                        // "train", "dev", or an out-of-domain set's name
   std::vector<std::vector<double>> counts;  // [source][expert]
 };
 

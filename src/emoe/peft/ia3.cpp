@@ -1,10 +1,10 @@
 // (IA)^3 vectors and MoV mixtures of them: construction and the scaled forward.
 #include "emoe/peft/ia3.h"
-#include "emoe/models/matmul.h"
 
 #include <torch/torch.h>
 
 #include "emoe/core/error.h"
+#include "emoe/models/matmul.h"
 
 namespace emoe {
 

@@ -1,11 +1,11 @@
 // MoLoRA adapter: stacked LoRA experts, the float32 router, top-k masking and the Switch loss.
 #include "emoe/peft/molora.h"
-#include "emoe/models/matmul.h"
 
 #include <torch/torch.h>
 
 #include "emoe/core/error.h"
 #include "emoe/models/dropout.h"
+#include "emoe/models/matmul.h"
 #include "emoe/moe/balance.h"
 
 namespace emoe {
@@ -31,7 +31,8 @@ torch::Tensor MoloraAdapter::adapt(const torch::Tensor& x, LinearImpl& base) {
   const int64_t e = options_.experts;
   const bool training = base.is_training();  // the adapter is not itself a child of the model
   auto y = base.base_forward(x);
-  auto p = torch::softmax(emoe::linear(x.to(torch::kFloat), molora_router.to(torch::kFloat), {}), -1);
+  auto p =
+      torch::softmax(emoe::linear(x.to(torch::kFloat), molora_router.to(torch::kFloat), {}), -1);
   auto w = p;
   aux_loss_ = torch::Tensor();
   if (options_.topk > 0) {

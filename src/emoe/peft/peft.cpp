@@ -81,7 +81,9 @@ void peft_validate(const PeftConfig& c) {
              c.balance_weight);
 }
 
-std::string peft_adapter_kind(const LinearAdapter* a) { return a->kind(); }
+std::string peft_adapter_kind(const LinearAdapter* a) {
+  return a->kind();
+}
 
 bool peft_any_match(const std::vector<std::string>& targets, const std::string& name) {
   return std::any_of(targets.begin(), targets.end(),

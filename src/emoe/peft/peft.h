@@ -21,11 +21,11 @@ struct PeftConfig {
   // (IA)^3 / MoV: the modules whose *input* is scaled (the FFN output projection); empty:
   // defaults. Other targets are scaled at their output.
   std::vector<std::string> feedforward_targets;
-  int64_t r = 8;          // LoRA rank (MoLoRA default 4)
-  double alpha = 16;      // LoRA alpha: updates are scaled by alpha / r
-  double dropout = 0.1;   // LoRA dropout on the adapter input
-  int64_t experts = 10;   // MoV / MoLoRA
-  int64_t topk = 0;       // MoLoRA: 0 = soft merging of every expert
+  int64_t r = 8;                // LoRA rank (MoLoRA default 4)
+  double alpha = 16;            // LoRA alpha: updates are scaled by alpha / r
+  double dropout = 0.1;         // LoRA dropout on the adapter input
+  int64_t experts = 10;         // MoV / MoLoRA
+  int64_t topk = 0;             // MoLoRA: 0 = soft merging of every expert
   double balance_weight = 0.0;  // MoLoRA top-k: Switch balance loss weight
   uint64_t seed = 0;            // adapter initialisation
 
@@ -36,10 +36,10 @@ struct PeftConfig {
 // Llama q_proj,v_proj; T5 q,v. (IA)^3 / MoV: keys and values (BERT key,value; GPT-2 the k and v
 // parts of c_attn; Llama k_proj,v_proj; T5 k,v) at their output, and the FFN intermediate (BERT
 // output.dense, GPT-2 mlp.c_proj, Llama down_proj, T5 wo) at its input. T5's names are PEFT's
-// own mapping: they also select the decoder's cross-attention (EncDecAttention). BERT's FFN output is spelled
-// "layer.*.output.dense" so that attention.output.dense is not caught (PEFT's "output.dense"
-// catches both). On GPT-2's fused c_attn, (IA)^3 / MoV scale only the k and v columns [d, 3d);
-// q is left untouched (a PEFT file stores 1 there).
+// own mapping: they also select the decoder's cross-attention (EncDecAttention). BERT's FFN output
+// is spelled "layer.*.output.dense" so that attention.output.dense is not caught (PEFT's
+// "output.dense" catches both). On GPT-2's fused c_attn, (IA)^3 / MoV scale only the k and v
+// columns [d, 3d); q is left untouched (a PEFT file stores 1 there).
 std::vector<std::string> default_targets(PeftMethod m, const std::string& model_type);
 std::vector<std::string> default_feedforward_targets(PeftMethod m, const std::string& model_type);
 
@@ -49,8 +49,9 @@ std::vector<std::string> apply_peft(PretrainedModelImpl& model, const PeftConfig
 
 // Freezes everything except the adapters, the task head (classifier/score, PEFT's SEQ_CLS
 // modules_to_save) and any extra names given (e.g. MoE gates); with PeftMethod::kNone nothing
-// is frozen. A pretrained lm_head, the MLM head and BERT's pooler stay frozen, as in PEFT. An `also_train` name matches keys that
-// contain it as whole dotted components ("LayerNorm", "moe.gate"); UsageError without adapters.
+// is frozen. A pretrained lm_head, the MLM head and BERT's pooler stay frozen, as in PEFT. An
+// `also_train` name matches keys that contain it as whole dotted components ("LayerNorm",
+// "moe.gate"); UsageError without adapters.
 void select_trainable(PretrainedModelImpl& model, const PeftConfig& cfg,
                       const std::vector<std::string>& also_train = {});
 

@@ -233,10 +233,11 @@ PeftFileConfig peft_read_config(const nlohmann::json& j, const PretrainedModelIm
         fmt::format("a task for this {} model (it is not a causal LM)", head_name(head)), task);
   else if (task == "SEQ_2_SEQ_LM" && head != Head::kSeq2SeqLM)
     bad("task_type",
-        fmt::format("a task for this {} model (it is not a sequence-to-sequence LM)", head_name(head)),
+        fmt::format("a task for this {} model (it is not a sequence-to-sequence LM)",
+                    head_name(head)),
         task);
-  else if (!task.is_null() && task != "SEQ_CLS" && task != "CAUSAL_LM" &&
-           task != "SEQ_2_SEQ_LM" && task != "FEATURE_EXTRACTION")
+  else if (!task.is_null() && task != "SEQ_CLS" && task != "CAUSAL_LM" && task != "SEQ_2_SEQ_LM" &&
+           task != "FEATURE_EXTRACTION")
     bad("task_type", "null, SEQ_CLS, CAUSAL_LM, SEQ_2_SEQ_LM or FEATURE_EXTRACTION", task);
 
   auto is_names = [](const nlohmann::json& v) {

@@ -73,11 +73,16 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
 }
 
 const std::vector<std::string>& tokenizer_file_names() {
-  static const std::vector<std::string> names = {
-      "tokenizer.json",        "tokenizer.model",         "spiece.model",
-      "vocab.txt",             "vocab.json",              "merges.txt",
-      "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-      "generation_config.json"};
+  static const std::vector<std::string> names = {"tokenizer.json",
+                                                 "tokenizer.model",
+                                                 "spiece.model",
+                                                 "vocab.txt",
+                                                 "vocab.json",
+                                                 "merges.txt",
+                                                 "tokenizer_config.json",
+                                                 "special_tokens_map.json",
+                                                 "added_tokens.json",
+                                                 "generation_config.json"};
   return names;
 }
 

@@ -187,8 +187,7 @@ std::unique_ptr<SentencePieceTokenizer> load_t5_sentencepiece(const std::string&
   opt.flavor = SpmFlavor::kT5;
   opt.extra_ids = config.get_int("extra_ids", 0, 1 << 20).value_or(100);
   opt.add_bos_token = false;
-  opt.clean_up_tokenization_spaces =
-      config.get_bool("clean_up_tokenization_spaces").value_or(true);
+  opt.clean_up_tokenization_spaces = config.get_bool("clean_up_tokenization_spaces").value_or(true);
   opt.spaces_between_special_tokens =
       config.get_bool("spaces_between_special_tokens").value_or(true);
   // T5Tokenizer keeps plain strings (they eat the whitespace around them when splitting)

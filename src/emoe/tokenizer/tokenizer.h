@@ -47,8 +47,9 @@ class Tokenizer {
 
 // Picks the tokenizer from a model or tokenizer folder: tokenizer.json if present, else
 // vocab.txt (WordPiece), vocab.json + merges.txt (byte-level BPE), tokenizer.model
-// (SentencePiece, LlamaTokenizer) or spiece.model (T5Tokenizer); tokenizer_config.json and special_tokens_map.json refine the settings.
-// Throws InputError naming the folder and the files it looked for when none is usable.
+// (SentencePiece, LlamaTokenizer) or spiece.model (T5Tokenizer); tokenizer_config.json and
+// special_tokens_map.json refine the settings. Throws InputError naming the folder and the files it
+// looked for when none is usable.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
 // The files of a model folder that make up its tokenizer (vocabularies, models, configs), for
 // copying a tokenizer along with a model.

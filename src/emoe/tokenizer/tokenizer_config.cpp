@@ -159,7 +159,7 @@ std::optional<bool> TokenizerConfig::get_bool(const std::string& key) const {
 }
 
 std::optional<int64_t> TokenizerConfig::get_int(const std::string& key, int64_t lo,
-                                                 int64_t hi) const {
+                                                int64_t hi) const {
   if (!config_.contains(key) || config_.at(key).is_null()) return std::nullopt;
   const json& v = config_.at(key);
   EMOE_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi, InputError,

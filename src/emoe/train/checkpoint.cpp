@@ -16,11 +16,18 @@ namespace emoe {
 namespace fs = std::filesystem;
 
 nlohmann::json TrainState::to_json() const {
-  return {{"step", step}, {"epoch", epoch}, {"batch_in_epoch", batch_in_epoch},
-          {"best_metric", std::isfinite(best_metric) ? nlohmann::json(best_metric) : nlohmann::json()},
-          {"best_epoch", best_epoch}, {"evals_without_gain", evals_without_gain},
-          {"metrics_bytes", metrics_bytes}, {"train_seconds", train_seconds}, {"history", history},
-          {"usage", usage}, {"skipped_steps", skipped_steps}};
+  return {
+      {"step", step},
+      {"epoch", epoch},
+      {"batch_in_epoch", batch_in_epoch},
+      {"best_metric", std::isfinite(best_metric) ? nlohmann::json(best_metric) : nlohmann::json()},
+      {"best_epoch", best_epoch},
+      {"evals_without_gain", evals_without_gain},
+      {"metrics_bytes", metrics_bytes},
+      {"train_seconds", train_seconds},
+      {"history", history},
+      {"usage", usage},
+      {"skipped_steps", skipped_steps}};
 }
 
 TrainState TrainState::from_json(const nlohmann::json& j, const std::string& where) {
@@ -71,7 +78,8 @@ void save_checkpoint(const std::string& run_dir, PretrainedModelImpl& model, Opt
       auto tmp = (dir / ".optimizer.pt.tmp").string();
       torch::save(opt.adamw(), tmp);
       fs::rename(tmp, dir / "optimizer.pt", ec);
-      EMOE_CHECK(!ec, RuntimeError, "{}: rename failed: {}", (dir / "optimizer.pt").string(), ec.message());
+      EMOE_CHECK(!ec, RuntimeError, "{}: rename failed: {}", (dir / "optimizer.pt").string(),
+                 ec.message());
     }
     auto rng = at::detail::getDefaultCPUGenerator().get_state();
     save_safetensors((dir / "rng.safetensors").string(), {{"cpu", rng}});
@@ -86,7 +94,8 @@ void save_checkpoint(const std::string& run_dir, PretrainedModelImpl& model, Opt
     const auto prev = latest_checkpoint(run_dir);
     EMOE_THROW(RuntimeError, "{}: checkpoint not written ({}); {}", dir.string(), why,
                prev.empty() ? std::string("no earlier checkpoint exists")
-                            : "the previous checkpoint " + fs::path(prev).filename().string() + " is intact");
+                            : "the previous checkpoint " + fs::path(prev).filename().string() +
+                                  " is intact");
   }
   for (const auto& e : fs::directory_iterator(root))
     if (e.is_directory() && e.path().filename() != name) fs::remove_all(e.path(), ec);

@@ -1,9 +1,8 @@
 // Training checkpoints: complete (model, optimiser, schedule position, RNG, data position,
 // best-so-far) and atomic (a new step folder, then the `latest` pointer, then old ones removed).
 #pragma once
-#include <nlohmann/json.hpp>
-
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "emoe/models/model.h"
@@ -18,8 +17,8 @@ struct TrainState {
   double best_metric = -std::numeric_limits<double>::infinity();
   int64_t best_epoch = -1;
   int64_t evals_without_gain = 0;
-  int64_t skipped_steps = 0;   // optimiser steps skipped for a non-finite loss or gradient
-  int64_t metrics_bytes = 0;   // size of metrics.jsonl when the checkpoint was taken
+  int64_t skipped_steps = 0;  // optimiser steps skipped for a non-finite loss or gradient
+  int64_t metrics_bytes = 0;  // size of metrics.jsonl when the checkpoint was taken
   double train_seconds = 0;
   nlohmann::json history = nlohmann::json::array();  // one record per evaluation
   nlohmann::json usage;  // the expert-usage snapshots so far (UsageRecorder::to_json)

@@ -29,11 +29,13 @@ constexpr const char* kDemoMarker = ".emoe-demo";
 // refused rather than deleted.
 void demo_prepare_output(const std::string& out) {
   if (fs::exists(out)) {
-    EMOE_CHECK(fs::is_directory(out), InputError, "{}: exists and is not a folder; choose another --output", out);
+    EMOE_CHECK(fs::is_directory(out), InputError,
+               "{}: exists and is not a folder; choose another --output", out);
     const bool empty = fs::directory_iterator(out) == fs::directory_iterator();
     EMOE_CHECK(empty || fs::exists(fs::path(out) / kDemoMarker), InputError,
                "{}: exists and is not a demo output folder; choose another --output", out);
-    for (const char* sub : {"runs", "figures", "data", "pretrained"}) fs::remove_all(fs::path(out) / sub);
+    for (const char* sub : {"runs", "figures", "data", "pretrained"})
+      fs::remove_all(fs::path(out) / sub);
   }
   std::error_code ec;
   fs::create_directories(out, ec);
@@ -64,14 +66,18 @@ std::string demo_params(int64_t n) {
 DemoResult run_demo(const DemoOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const bool builtin = o.model.empty();
-  EMOE_CHECK(builtin || !o.task.empty(), UsageError, "demo: --model needs --task (a GLUE task, e.g. sst2)");
-  EMOE_CHECK(!builtin || o.task.empty(), UsageError, "demo: --task needs --model (the built-in demo makes its own task)");
+  EMOE_CHECK(builtin || !o.task.empty(), UsageError,
+             "demo: --model needs --task (a GLUE task, e.g. sst2)");
+  EMOE_CHECK(!builtin || o.task.empty(), UsageError,
+             "demo: --task needs --model (the built-in demo makes its own task)");
   EMOE_CHECK(!o.methods.empty(), UsageError, "demo: --methods: expected at least one method");
   const fs::path out(o.output);
   demo_prepare_output(o.output);
   const int64_t stages = (builtin ? 2 : 0) + static_cast<int64_t>(o.methods.size()) + 1;
   int64_t stage = 0;
-  auto announce = [&](const std::string& what) { spdlog::info("demo [{}/{}] {}", ++stage, stages, what); };
+  auto announce = [&](const std::string& what) {
+    spdlog::info("demo [{}/{}] {}", ++stage, stages, what);
+  };
 
   std::ostringstream about;  // the report's account of the data and the model
   std::string model_dir = o.model;
@@ -95,24 +101,33 @@ DemoResult run_demo(const DemoOptions& o) {
     pc.max_length = 48;
     pc.steps = o.pretrain_steps > 0 ? o.pretrain_steps : (o.quick ? 30 : 600);
     pc.log_every = std::max<int64_t>(1, pc.steps / 10);
-    if (o.quick) pc.hidden = 64, pc.layers = 2, pc.heads = 2, pc.intermediate = 256, pc.batch_size = 32;
+    if (o.quick)
+      pc.hidden = 64, pc.layers = 2, pc.heads = 2, pc.intermediate = 256, pc.batch_size = 32;
     pc.device = o.device, pc.dtype = o.dtype, pc.threads = o.threads;
-    announce(fmt::format("pretraining a BERT (hidden {}, {} layers, FFN {}) with masked LM, {} steps", pc.hidden,
-                         pc.layers, pc.intermediate, pc.steps));
+    announce(
+        fmt::format("pretraining a BERT (hidden {}, {} layers, FFN {}) with masked LM, {} steps",
+                    pc.hidden, pc.layers, pc.intermediate, pc.steps));
     const auto pr = run_pretraining(pc);
     model_dir = pr.dir;
-    about << "**Data** (made by the demo, seed " << o.seed << "): synthetic reviews in two domains that share "
-          << "the sentiment words but not the topic words. In domain: film reviews (" << data.train.size()
-          << " training, " << data.dev.size() << " dev); out of domain: restaurant reviews (" << data.ood.size()
-          << "). Labels follow the clauses' polarity with negation (\"not\") and contrast (\"but\"), with "
-          << so.label_noise * 100 << " % of the labels flipped. Unlabelled pretraining corpus: "
-          << data.corpus.size() << " sentences of both domains. Files: `data/`.\n\n"
-          << "**Model**: a fresh BERT (hidden " << pc.hidden << ", " << pc.layers << " layers, " << pc.heads
-          << " heads, FFN " << pc.intermediate << ", " << demo_params(pr.parameters) << " parameters, WordPiece "
-          << "vocabulary of " << pr.vocab_size << " trained on the corpus) pretrained by masked LM for "
-          << pr.steps << " steps (batch " << pc.batch_size << "): loss " << fmt::format("{:.3f}", pr.first_loss)
-          << " (first " << pc.log_every << " steps) -> " << fmt::format("{:.3f}", pr.final_loss) << " (last "
-          << pc.log_every << "), " << fmt::format("{:.0f}", pr.seconds) << " s. Folder: `pretrained/`.\n\n";
+    about << "**Data** (made by the demo, seed " << o.seed
+          << "): synthetic reviews in two domains that share "
+          << "the sentiment words but not the topic words. In domain: film reviews ("
+          << data.train.size() << " training, " << data.dev.size()
+          << " dev); out of domain: restaurant reviews (" << data.ood.size()
+          << "). Labels follow the clauses' polarity with negation (\"not\") and contrast "
+             "(\"but\"), with "
+          << so.label_noise * 100
+          << " % of the labels flipped. Unlabelled pretraining corpus: " << data.corpus.size()
+          << " sentences of both domains. Files: `data/`.\n\n"
+          << "**Model**: a fresh BERT (hidden " << pc.hidden << ", " << pc.layers << " layers, "
+          << pc.heads << " heads, FFN " << pc.intermediate << ", " << demo_params(pr.parameters)
+          << " parameters, WordPiece "
+          << "vocabulary of " << pr.vocab_size
+          << " trained on the corpus) pretrained by masked LM for " << pr.steps << " steps (batch "
+          << pc.batch_size << "): loss " << fmt::format("{:.3f}", pr.first_loss) << " (first "
+          << pc.log_every << " steps) -> " << fmt::format("{:.3f}", pr.final_loss) << " (last "
+          << pc.log_every << "), " << fmt::format("{:.0f}", pr.seconds)
+          << " s. Folder: `pretrained/`.\n\n";
     if (o.quick) experts = 8, topk = 2;
     base["task"] = "reviews";
     base["dataset"] = {{"train", data_dir + "/train.tsv"},
@@ -122,19 +137,27 @@ DemoResult run_demo(const DemoOptions& o) {
                        {"label_col", "label"},
                        {"labels", {"negative", "positive"}},
                        {"metrics", {"accuracy"}}};
-    base["train"] = {{"epochs", o.quick ? 1 : 3}, {"batch_size", 32}, {"max_length", 48}, {"warmup_ratio", 0.06}};
+    base["train"] = {{"epochs", o.quick ? 1 : 3},
+                     {"batch_size", 32},
+                     {"max_length", 48},
+                     {"warmup_ratio", 0.06}};
   } else {
     const auto probe = load_model(o.model);
     std::tie(experts, topk) = demo_experts(probe->summary().intermediate_size);
     about << "**Model**: `" << o.model << "` (" << probe->summary().model_type << ", "
-          << probe->summary().num_layers << " layers, hidden " << probe->summary().hidden_size << ", FFN "
-          << probe->summary().intermediate_size << "). **Task**: " << o.task << " from `" << o.data_dir
-          << "`, at most " << o.max_train_examples << " training examples, its out-of-domain sets.\n\n";
+          << probe->summary().num_layers << " layers, hidden " << probe->summary().hidden_size
+          << ", FFN " << probe->summary().intermediate_size << "). **Task**: " << o.task
+          << " from `" << o.data_dir << "`, at most " << o.max_train_examples
+          << " training examples, its out-of-domain sets.\n\n";
     base["task"] = o.task;
     base["data_dir"] = o.data_dir;
     base["ood"] = "all";
-    base["train"] = {{"epochs", o.quick ? 1 : 3}, {"batch_size", 32}, {"max_length", 64}, {"warmup_ratio", 0.06},
-                     {"max_train_examples", o.quick ? std::min<int64_t>(200, o.max_train_examples) : o.max_train_examples},
+    base["train"] = {{"epochs", o.quick ? 1 : 3},
+                     {"batch_size", 32},
+                     {"max_length", 64},
+                     {"warmup_ratio", 0.06},
+                     {"max_train_examples", o.quick ? std::min<int64_t>(200, o.max_train_examples)
+                                                    : o.max_train_examples},
                      {"max_eval_examples", o.quick ? 100 : 500}};
   }
   base["model"] = model_dir;
@@ -200,8 +223,8 @@ DemoResult run_demo(const DemoOptions& o) {
   for (size_t i = 0; i < ood_sets.size() + (ood_sets.size() > 1 ? 1 : 0); ++i) t << "---|";
   t << "---|---|\n";
   for (const auto& r : result.rows) {
-    t << "| " << r.method << " | " << demo_params(r.trainable) << " / " << demo_params(r.total) << " | "
-      << fmt::format("{:.1f}", r.in_domain) << " |";
+    t << "| " << r.method << " | " << demo_params(r.trainable) << " / " << demo_params(r.total)
+      << " | " << fmt::format("{:.1f}", r.in_domain) << " |";
     for (const auto& s : ood_sets) t << fmt::format(" {:.1f} |", per_set[r.method][s]);
     if (ood_sets.size() > 1) t << fmt::format(" {:.1f} |", r.out_of_domain);
     t << " " << r.best_epoch << " | " << fmt::format("{:.0f} s", r.train_seconds) << " |\n";
@@ -214,18 +237,23 @@ DemoResult run_demo(const DemoOptions& o) {
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-  md << "# emoe demo\n\nWritten by `emoe demo` on " << date << " in " << fmt::format("{:.0f}", result.seconds)
-     << " s, seed " << o.seed << (o.quick ? " (quick configuration)" : "") << ".\n\n"
-     << about.str() << "**Fine-tuning**: each method starts from the same model and trains on the in-domain "
-     << "training split; the table shows the epoch with the best dev " << metric << ". EMoE splits every "
-     << "other FFN layer into " << experts << " experts by balanced k-means on the FFN keys and routes each "
+  md << "# emoe demo\n\nWritten by `emoe demo` on " << date << " in "
+     << fmt::format("{:.0f}", result.seconds) << " s, seed " << o.seed
+     << (o.quick ? " (quick configuration)" : "") << ".\n\n"
+     << about.str()
+     << "**Fine-tuning**: each method starts from the same model and trains on the in-domain "
+     << "training split; the table shows the epoch with the best dev " << metric
+     << ". EMoE splits every "
+     << "other FFN layer into " << experts
+     << " experts by balanced k-means on the FFN keys and routes each "
      << "token to its top " << topk << " by the avg-k gate (no new parameters); its exported model "
      << "(`runs/emoe/model/`) is recomposed into the dense architecture. Runs: `runs/<method>/` "
      << "(config.json, metrics.jsonl, results.json).\n\n"
      << result.table << "\n";
   if (!result.figures.empty()) {
-    md << "## Expert usage\n\nHow often each expert was selected over training and evaluation (`" << usage_run
-       << "`); the balance summary is `" << fs::relative(summary, out).string() << "`.\n\n";
+    md << "## Expert usage\n\nHow often each expert was selected over training and evaluation (`"
+       << usage_run << "`); the balance summary is `" << fs::relative(summary, out).string()
+       << "`.\n\n";
     for (const auto& f : result.figures) md << "![](" << fs::relative(f, out).string() << ")\n\n";
   }
   md << "Reproduce: `emoe demo --seed " << o.seed << (o.quick ? " --quick" : "");
@@ -235,14 +263,22 @@ DemoResult run_demo(const DemoOptions& o) {
   write_text_atomic(result.report, md.str());
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& r : result.rows)
-    rows.push_back({{"method", r.method}, {"trainable", r.trainable}, {"total", r.total},
-                    {"in_domain", r.in_domain}, {"out_of_domain", r.out_of_domain}, {"sets", per_set[r.method]},
-                    {"metric", r.metric}, {"best_epoch", r.best_epoch}, {"train_seconds", r.train_seconds}});
-  write_text_atomic((out / "demo.json").string(),
-                    nlohmann::json({{"seed", o.seed}, {"quick", o.quick}, {"seconds", result.seconds},
-                                    {"rows", rows}, {"figures", result.figures}})
-                            .dump(2) +
-                        "\n");
+    rows.push_back({{"method", r.method},
+                    {"trainable", r.trainable},
+                    {"total", r.total},
+                    {"in_domain", r.in_domain},
+                    {"out_of_domain", r.out_of_domain},
+                    {"sets", per_set[r.method]},
+                    {"metric", r.metric},
+                    {"best_epoch", r.best_epoch},
+                    {"train_seconds", r.train_seconds}});
+  write_text_atomic((out / "demo.json").string(), nlohmann::json({{"seed", o.seed},
+                                                                  {"quick", o.quick},
+                                                                  {"seconds", result.seconds},
+                                                                  {"rows", rows},
+                                                                  {"figures", result.figures}})
+                                                          .dump(2) +
+                                                      "\n");
   return result;
 }
 

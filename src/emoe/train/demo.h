@@ -4,9 +4,8 @@
 // the expert-usage figures and a markdown report. With a model, a task and a data folder it runs
 // the same comparison on them instead (no data making, no pretraining).
 #pragma once
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 

@@ -3,9 +3,9 @@
 
 #include <filesystem>
 
+#include "emoe/core/error.h"
 #include "emoe/moe/prune.h"
 #include "emoe/moe/usage.h"
-#include "emoe/core/error.h"
 
 namespace emoe {
 namespace fs = std::filesystem;
@@ -23,14 +23,16 @@ MethodState apply_method(PretrainedModelImpl& model, const RunConfig& cfg,
       for (const auto& [l, split] : st.moe.splits)
         EMOE_CHECK(earlier.splits.count(l) && earlier.splits.at(l).permutation == split.permutation,
                    UsageError,
-                   "prune_from {}: layer {} was split differently there; use the same moe settings and seed",
+                   "prune_from {}: layer {} was split differently there; use the same moe settings "
+                   "and seed",
                    cfg.prune_from, l);
       auto usage = UsageRecorder::load((from / "usage.json").string());
       auto keep = most_used_experts(usage, cfg.prune_keep);
       apply_expert_pruning(model, keep);
       size_t i = 0;
       for (auto& [l, split] : st.moe.splits) split.allowed = keep.at(i++);
-      spdlog::info("pruned to the {} most-used experts per layer of {}", cfg.prune_keep, cfg.prune_from);
+      spdlog::info("pruned to the {} most-used experts per layer of {}", cfg.prune_keep,
+                   cfg.prune_from);
     }
   }
   st.peft = cfg.peft;

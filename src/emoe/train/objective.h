@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "emoe/moe/usage.h"
 #include "emoe/data/batching.h"
 #include "emoe/eval/evaluate.h"
 #include "emoe/models/loader.h"
 #include "emoe/models/model.h"
+#include "emoe/moe/usage.h"
 #include "emoe/tokenizer/tokenizer.h"
 #include "emoe/train/run_config.h"
 

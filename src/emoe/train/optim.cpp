@@ -1,10 +1,9 @@
 // AdamW parameter groups and learning-rate schedules.
 #include "emoe/train/optim.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <torch/torch.h>
-
-#include <ATen/Parallel.h>
 
 #include <cmath>
 #include <sstream>
@@ -91,9 +90,10 @@ namespace {
 
 // One pass of AdamW over n contiguous floats: p, its gradient g and the moments m, v.
 __attribute__((optimize("no-math-errno"))) void adamw_kernel(float* p, const float* g, float* m,
-                                                             float* v, int64_t n, float decay_factor,
-                                                             float beta1, float beta2, float sqrt_bc2,
-                                                             float eps, float step_size) {
+                                                             float* v, int64_t n,
+                                                             float decay_factor, float beta1,
+                                                             float beta2, float sqrt_bc2, float eps,
+                                                             float step_size) {
   at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
     const float one_minus_b1 = 1.0f - beta1, one_minus_b2 = 1.0f - beta2;
     for (int64_t i = begin; i < end; ++i) {
@@ -155,8 +155,9 @@ void Optimizer::step() {
       auto& m = st.exp_avg();
       auto& v = st.exp_avg_sq();
       const bool fused = p.device().is_cpu() && p.scalar_type() == torch::kFloat &&
-                         grad.scalar_type() == torch::kFloat && !grad.is_sparse() && p.is_contiguous() &&
-                         grad.is_contiguous() && m.is_contiguous() && v.is_contiguous();
+                         grad.scalar_type() == torch::kFloat && !grad.is_sparse() &&
+                         p.is_contiguous() && grad.is_contiguous() && m.is_contiguous() &&
+                         v.is_contiguous();
       if (fused) {
         adamw_kernel(p.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(),
                      v.data_ptr<float>(), p.numel(), static_cast<float>(decay_factor),
@@ -188,11 +189,14 @@ std::vector<torch::Tensor> Optimizer::parameters() const {
   return out;
 }
 
-std::vector<std::string> Optimizer::parameter_names() const { return names_; }
+std::vector<std::string> Optimizer::parameter_names() const {
+  return names_;
+}
 
 double schedule_factor(Schedule kind, int64_t step, int64_t total, int64_t warmup) {
   // Hugging Face's schedules (get_linear/cosine_schedule_with_warmup) at 0-based `step`.
-  if (step < warmup) return static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup));
+  if (step < warmup)
+    return static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup));
   if (kind == Schedule::kConstant) return 1.0;
   const double span = static_cast<double>(std::max<int64_t>(1, total - warmup));
   const double progress = static_cast<double>(step - warmup) / span;

@@ -15,7 +15,7 @@ namespace emoe {
 // One group per (learning-rate multiplier, weight decay) among the trainable parameters:
 // biases and norm weights get no decay; the task head and routers may have their own lr.
 struct ParamGroupInfo {
-  std::string name;   // "body", "body/no_decay", "head", "router", ...
+  std::string name;  // "body", "body/no_decay", "head", "router", ...
   double base_lr = 0;
   int64_t numel = 0;
 };

@@ -13,7 +13,9 @@ Precision parse_precision(const std::string& text) {
   EMOE_THROW(UsageError, "precision: expected fp32 or bf16-mixed, got '{}'", text);
 }
 
-std::string to_string(Precision p) { return p == Precision::kFp32 ? "fp32" : "bf16-mixed"; }
+std::string to_string(Precision p) {
+  return p == Precision::kFp32 ? "fp32" : "bf16-mixed";
+}
 
 PrecisionScope::PrecisionScope(Precision p, const c10::Device& device) {
   if (p == Precision::kFp32) return;
@@ -34,8 +36,10 @@ PrecisionScope::PrecisionScope(Precision p, const c10::Device& device) {
 PrecisionScope::~PrecisionScope() {
   if (!active_) return;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  if (cuda_) at::autocast::set_enabled(previous_);
-  else at::autocast::set_cpu_enabled(previous_);
+  if (cuda_)
+    at::autocast::set_enabled(previous_);
+  else
+    at::autocast::set_cpu_enabled(previous_);
 }
 
 }  // namespace emoe

@@ -16,9 +16,9 @@
 #include "emoe/core/error.h"
 #include "emoe/core/runtime.h"
 #include "emoe/io/atomic_file.h"
+#include "emoe/methods/model_folder.h"
 #include "emoe/models/architecture.h"
 #include "emoe/models/loader.h"
-#include "emoe/methods/model_folder.h"
 #include "emoe/tokenizer/tokenizer.h"
 #include "emoe/tokenizer/wordpiece_trainer.h"
 #include "emoe/train/optim.h"
@@ -29,13 +29,30 @@ namespace emoe {
 namespace fs = std::filesystem;
 
 nlohmann::json PretrainConfig::to_json() const {
-  return {{"arch", arch}, {"hidden", hidden}, {"layers", layers}, {"heads", heads},
-          {"kv_heads", kv_heads}, {"intermediate", intermediate}, {"max_positions", max_positions},
-          {"corpus", corpus}, {"tokenizer", tokenizer}, {"vocab_size", vocab_size}, {"lr", lr},
-          {"warmup_ratio", warmup_ratio}, {"weight_decay", weight_decay}, {"mask_prob", mask_prob},
-          {"batch_size", batch_size}, {"steps", steps}, {"max_length", max_length},
-          {"log_every", log_every}, {"seed", seed}, {"output", output}, {"device", device},
-          {"dtype", dtype}, {"threads", threads}, {"t5_objective", t5_objective},
+  return {{"arch", arch},
+          {"hidden", hidden},
+          {"layers", layers},
+          {"heads", heads},
+          {"kv_heads", kv_heads},
+          {"intermediate", intermediate},
+          {"max_positions", max_positions},
+          {"corpus", corpus},
+          {"tokenizer", tokenizer},
+          {"vocab_size", vocab_size},
+          {"lr", lr},
+          {"warmup_ratio", warmup_ratio},
+          {"weight_decay", weight_decay},
+          {"mask_prob", mask_prob},
+          {"batch_size", batch_size},
+          {"steps", steps},
+          {"max_length", max_length},
+          {"log_every", log_every},
+          {"seed", seed},
+          {"output", output},
+          {"device", device},
+          {"dtype", dtype},
+          {"threads", threads},
+          {"t5_objective", t5_objective},
           {"mean_span_length", mean_span_length}};
 }
 
@@ -50,41 +67,68 @@ PretrainConfig PretrainConfig::from_json(const nlohmann::json& j, const std::str
     try {
       out = j[key].get<std::decay_t<decltype(out)>>();
     } catch (const nlohmann::json::exception&) {
-      EMOE_THROW(InputError, "{}.{}: expected a {} value, got {}", where, key, defaults[key].type_name(), j[key].dump());
+      EMOE_THROW(InputError, "{}.{}: expected a {} value, got {}", where, key,
+                 defaults[key].type_name(), j[key].dump());
     }
   };
-  get("arch", c.arch); get("hidden", c.hidden); get("layers", c.layers); get("heads", c.heads);
-  get("kv_heads", c.kv_heads); get("intermediate", c.intermediate); get("max_positions", c.max_positions);
-  get("corpus", c.corpus); get("tokenizer", c.tokenizer); get("vocab_size", c.vocab_size);
-  get("lr", c.lr); get("warmup_ratio", c.warmup_ratio); get("weight_decay", c.weight_decay);
-  get("mask_prob", c.mask_prob); get("batch_size", c.batch_size); get("steps", c.steps);
-  get("max_length", c.max_length); get("log_every", c.log_every); get("seed", c.seed);
-  get("output", c.output); get("device", c.device); get("dtype", c.dtype); get("threads", c.threads);
-  get("t5_objective", c.t5_objective); get("mean_span_length", c.mean_span_length);
+  get("arch", c.arch);
+  get("hidden", c.hidden);
+  get("layers", c.layers);
+  get("heads", c.heads);
+  get("kv_heads", c.kv_heads);
+  get("intermediate", c.intermediate);
+  get("max_positions", c.max_positions);
+  get("corpus", c.corpus);
+  get("tokenizer", c.tokenizer);
+  get("vocab_size", c.vocab_size);
+  get("lr", c.lr);
+  get("warmup_ratio", c.warmup_ratio);
+  get("weight_decay", c.weight_decay);
+  get("mask_prob", c.mask_prob);
+  get("batch_size", c.batch_size);
+  get("steps", c.steps);
+  get("max_length", c.max_length);
+  get("log_every", c.log_every);
+  get("seed", c.seed);
+  get("output", c.output);
+  get("device", c.device);
+  get("dtype", c.dtype);
+  get("threads", c.threads);
+  get("t5_objective", c.t5_objective);
+  get("mean_span_length", c.mean_span_length);
   return c;
 }
 
 void PretrainConfig::validate() const {
-  auto bad = [](const std::string& k, const std::string& w) { EMOE_THROW(InputError, "pretrain config: {}: {}", k, w); };
+  auto bad = [](const std::string& k, const std::string& w) {
+    EMOE_THROW(InputError, "pretrain config: {}: {}", k, w);
+  };
   const Architecture* a = find_architecture(arch);
   if (!a) bad("arch", fmt::format("expected {}, got '{}'", known_model_types(" or "), arch));
   if (corpus.empty()) bad("corpus", "required (a text file, one document per line)");
-  if (hidden < 8 || layers < 1 || heads < 1 || intermediate < 1) bad("hidden/layers/heads/intermediate", "expected positive sizes");
-  if (hidden % heads != 0) bad("hidden", fmt::format("hidden {} is not a multiple of heads {}", hidden, heads));
+  if (hidden < 8 || layers < 1 || heads < 1 || intermediate < 1)
+    bad("hidden/layers/heads/intermediate", "expected positive sizes");
+  if (hidden % heads != 0)
+    bad("hidden", fmt::format("hidden {} is not a multiple of heads {}", hidden, heads));
   if (tokenizer == "train" && a->pretrain_objective != PretrainObjective::kMaskedLM)
     bad("tokenizer", fmt::format("vocabulary training makes WordPiece (BERT) vocabularies; give a "
-                                 "tokenizer folder for {}", arch));
+                                 "tokenizer folder for {}",
+                                 arch));
   if (steps < 1 || batch_size < 1) bad("steps/batch_size", "expected >= 1");
-  if (max_length < 4 || max_length > max_positions) bad("max_length", fmt::format("expected 4..max_positions ({}), got {}", max_positions, max_length));
+  if (max_length < 4 || max_length > max_positions)
+    bad("max_length",
+        fmt::format("expected 4..max_positions ({}), got {}", max_positions, max_length));
   if (mask_prob <= 0 || mask_prob >= 1) bad("mask_prob", "expected (0, 1)");
   if (lr <= 0) bad("lr", "expected > 0");
   if (t5_objective != "span-corruption" && t5_objective != "autoencoder")
-    bad("t5_objective", fmt::format("expected span-corruption or autoencoder, got '{}'", t5_objective));
+    bad("t5_objective",
+        fmt::format("expected span-corruption or autoencoder, got '{}'", t5_objective));
   if (!(mean_span_length >= 1 && mean_span_length <= 1000))
     bad("mean_span_length", fmt::format("expected 1 to 1000, got {}", mean_span_length));
 }
 
-PretrainConfig load_pretrain_config(const std::string& path, const std::vector<std::string>& overrides) {
+PretrainConfig load_pretrain_config(const std::string& path,
+                                    const std::vector<std::string>& overrides) {
   std::string where = "pretrain config";
   auto j = load_layered_config(path, overrides, where);
   auto c = PretrainConfig::from_json(j, where);
@@ -122,8 +166,8 @@ nlohmann::json pretrain_model_config(const PretrainConfig& c, const Tokenizer& t
 }
 
 // BERT's masking: mask_prob of the non-special tokens; 80 % [MASK], 10 % random, 10 % kept.
-void pretrain_mask(torch::Tensor& ids, torch::Tensor& labels, const torch::Tensor& special, int64_t mask_id,
-                   int64_t vocab, double p, at::Generator& gen) {
+void pretrain_mask(torch::Tensor& ids, torch::Tensor& labels, const torch::Tensor& special,
+                   int64_t mask_id, int64_t vocab, double p, at::Generator& gen) {
   auto prob = torch::full(ids.sizes(), p).masked_fill(special, 0.0);
   auto chosen = torch::bernoulli(prob, gen).to(torch::kBool);
   labels = ids.masked_fill(chosen.logical_not(), -100);
@@ -155,25 +199,33 @@ void pretrain_write_t5_tokenizer(const std::string& out, int64_t max_positions) 
   std::error_code ec;
   if (fs::exists(dir / "tokenizer.model")) {
     fs::rename(dir / "tokenizer.model", dir / "spiece.model", ec);
-    EMOE_CHECK(!ec, RuntimeError, "{}: cannot rename tokenizer.model to spiece.model: {}", out, ec.message());
+    EMOE_CHECK(!ec, RuntimeError, "{}: cannot rename tokenizer.model to spiece.model: {}", out,
+               ec.message());
   }
-  for (const char* f : {"tokenizer.json", "special_tokens_map.json", "added_tokens.json"}) fs::remove(dir / f, ec);
-  nlohmann::json j = {{"tokenizer_class", "T5Tokenizer"}, {"extra_ids", 100}, {"eos_token", "</s>"},
-                      {"unk_token", "<unk>"}, {"pad_token", "<pad>"}, {"model_max_length", max_positions}};
+  for (const char* f : {"tokenizer.json", "special_tokens_map.json", "added_tokens.json"})
+    fs::remove(dir / f, ec);
+  nlohmann::json j = {{"tokenizer_class", "T5Tokenizer"},
+                      {"extra_ids", 100},
+                      {"eos_token", "</s>"},
+                      {"unk_token", "<unk>"},
+                      {"pad_token", "<pad>"},
+                      {"model_max_length", max_positions}};
   write_text_atomic((dir / "tokenizer_config.json").string(), j.dump(2) + "\n");
 }
 
 }  // namespace
 
 SpanCorruption span_corrupt(const std::vector<int64_t>& ids, double density, double mean_span,
-                            const std::vector<int64_t>& sentinels, int64_t eos, std::mt19937_64& rng) {
+                            const std::vector<int64_t>& sentinels, int64_t eos,
+                            std::mt19937_64& rng) {
   const auto n = static_cast<int64_t>(ids.size());
   EMOE_CHECK(n >= 2, InputError, "span corruption needs at least 2 tokens, got {}", n);
   EMOE_CHECK(!sentinels.empty(), InputError, "span corruption needs sentinel tokens");
-  const int64_t noise = std::clamp<int64_t>(std::llround(static_cast<double>(n) * density), 1, n - 1);
-  const int64_t spans = std::clamp<int64_t>(std::llround(static_cast<double>(noise) / mean_span), 1,
-                                            std::min<int64_t>({noise, n - noise,
-                                                               static_cast<int64_t>(sentinels.size())}));
+  const int64_t noise =
+      std::clamp<int64_t>(std::llround(static_cast<double>(n) * density), 1, n - 1);
+  const int64_t spans = std::clamp<int64_t>(
+      std::llround(static_cast<double>(noise) / mean_span), 1,
+      std::min<int64_t>({noise, n - noise, static_cast<int64_t>(sentinels.size())}));
   const auto noise_runs = pretrain_random_runs(noise, spans, rng);
   const auto kept_runs = pretrain_random_runs(n - noise, spans, rng);
   SpanCorruption out;
@@ -204,8 +256,8 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
   if (cfg.tokenizer != "train") {  // a bad folder fails here too, before anything is written
     auto given = load_tokenizer(cfg.tokenizer);
     EMOE_CHECK(objective != PretrainObjective::kSpanCorruption ||
-                   cfg.t5_objective != "span-corruption" ||
-                   given->kind() == "sentencepiece" || given->token_to_id("<extra_id_0>"),
+                   cfg.t5_objective != "span-corruption" || given->kind() == "sentencepiece" ||
+                   given->token_to_id("<extra_id_0>"),
                InputError,
                "{}: t5_objective span-corruption needs <extra_id_N> sentinels and an eos token (a "
                "SentencePiece tokenizer, saved as T5Tokenizer); use t5_objective=autoencoder",
@@ -224,14 +276,17 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
     std::ostringstream v;
     for (const auto& t : vocab) v << t << "\n";
     write_text_atomic((fs::path(cfg.output) / "vocab.txt").string(), v.str());
-    write_text_atomic((fs::path(cfg.output) / "tokenizer_config.json").string(),
-                      "{\"tokenizer_class\": \"BertTokenizer\", \"do_lower_case\": true, \"model_max_length\": " +
-                          std::to_string(cfg.max_positions) + "}\n");
-    write_text_atomic((fs::path(cfg.output) / "special_tokens_map.json").string(),
-                      "{\"unk_token\": \"[UNK]\", \"sep_token\": \"[SEP]\", \"pad_token\": \"[PAD]\", "
-                      "\"cls_token\": \"[CLS]\", \"mask_token\": \"[MASK]\"}\n");
+    write_text_atomic(
+        (fs::path(cfg.output) / "tokenizer_config.json").string(),
+        "{\"tokenizer_class\": \"BertTokenizer\", \"do_lower_case\": true, \"model_max_length\": " +
+            std::to_string(cfg.max_positions) + "}\n");
+    write_text_atomic(
+        (fs::path(cfg.output) / "special_tokens_map.json").string(),
+        "{\"unk_token\": \"[UNK]\", \"sep_token\": \"[SEP]\", \"pad_token\": \"[PAD]\", "
+        "\"cls_token\": \"[CLS]\", \"mask_token\": \"[MASK]\"}\n");
     tok_dir = cfg.output;
-    spdlog::info("pretrain: WordPiece vocabulary of {} tokens from {} lines", vocab.size(), lines.size());
+    spdlog::info("pretrain: WordPiece vocabulary of {} tokens from {} lines", vocab.size(),
+                 lines.size());
   }
   auto tok = load_tokenizer(tok_dir);
   if (tok_dir != cfg.output) copy_tokenizer_files(tok_dir, cfg.output);
@@ -256,7 +311,8 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
   std::optional<int64_t> mask_id;
   if (mlm) {
     mask_id = tok->special().mask;
-    EMOE_CHECK(mask_id.has_value(), InputError, "{}: the tokenizer has no [MASK] token for masked LM", tok_dir);
+    EMOE_CHECK(mask_id.has_value(), InputError,
+               "{}: the tokenizer has no [MASK] token for masked LM", tok_dir);
   }
   const int64_t pad = tok->special().pad.value_or(tok->special().eos.value_or(0));
   std::vector<std::vector<int64_t>> seqs;
@@ -272,13 +328,16 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
       if (s.back() == *tok->special().eos) s.pop_back();
   }
   std::set<int64_t> special_ids;
-  for (const auto& o : {tok->special().cls, tok->special().sep, tok->special().pad, tok->special().bos,
-                        tok->special().eos, tok->special().unk, tok->special().mask})
+  for (const auto& o :
+       {tok->special().cls, tok->special().sep, tok->special().pad, tok->special().bos,
+        tok->special().eos, tok->special().unk, tok->special().mask})
     if (o) special_ids.insert(*o);
 
   torch::manual_seed(cfg.seed);
   auto model = create_model(JsonFields(pretrain_model_config(cfg, *tok), "pretrain"),
-                            mlm ? Head::kMaskedLM : seq2seq ? Head::kSeq2SeqLM : Head::kCausalLM);
+                            mlm       ? Head::kMaskedLM
+                            : seq2seq ? Head::kSeq2SeqLM
+                                      : Head::kCausalLM);
   model->to(device, parse_dtype(cfg.dtype));
   model->train();
   TrainOptions to;
@@ -327,10 +386,13 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
       labels = torch::full({cfg.batch_size, static_cast<int64_t>(tlen)}, -100, torch::kLong);
       for (int64_t i = 0; i < cfg.batch_size; ++i) {
         const auto& t = corrupted[static_cast<size_t>(i)].targets;
-        labels[i].narrow(0, 0, static_cast<int64_t>(t.size())).copy_(torch::tensor(t, torch::kLong));
+        labels[i]
+            .narrow(0, 0, static_cast<int64_t>(t.size()))
+            .copy_(torch::tensor(t, torch::kLong));
       }
     } else {
-      // causal LM: the text itself; T5 autoencoder: the encoder reads the text, the decoder writes it
+      // causal LM: the text itself; T5 autoencoder: the encoder reads the text, the decoder writes
+      // it
       labels = ids.masked_fill(mask == 0, -100);
     }
     in.input_ids = ids.to(device);
@@ -350,21 +412,23 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
       double mean = window / window_n;
       if (res.first_loss == 0) res.first_loss = mean;
       res.final_loss = mean;
-      log << nlohmann::json({{"step", step + 1}, {"loss", mean}, {"lr", opt.current_lr()}}).dump() << "\n";
+      log << nlohmann::json({{"step", step + 1}, {"loss", mean}, {"lr", opt.current_lr()}}).dump()
+          << "\n";
       window = 0, window_n = 0;
     }
   }
   progress.finish();
   model->eval();
   save_model(*model, cfg.output, {{"emoe_pretrain", cfg.arch}});
-  write_text_atomic((fs::path(cfg.output) / "pretrain_config.json").string(), cfg.to_json().dump(2) + "\n");
+  write_text_atomic((fs::path(cfg.output) / "pretrain_config.json").string(),
+                    cfg.to_json().dump(2) + "\n");
   res.dir = cfg.output;
   res.steps = cfg.steps;
   res.parameters = count_parameters(*model).total;
   res.vocab_size = tok->vocab_size();
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  spdlog::info("pretrain: {} steps in {:.1f} s, loss {:.3f} -> {:.3f}; saved {}", res.steps, res.seconds,
-               res.first_loss, res.final_loss, res.dir);
+  spdlog::info("pretrain: {} steps in {:.1f} s, loss {:.3f} -> {:.3f}; saved {}", res.steps,
+               res.seconds, res.first_loss, res.final_loss, res.dir);
   return res;
 }
 

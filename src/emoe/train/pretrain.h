@@ -2,9 +2,8 @@
 // of a given size trained on a text file, saved as a Hugging Face folder with its tokenizer (a
 // WordPiece vocabulary trained on the corpus, or a given tokenizer).
 #pragma once
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -36,7 +35,8 @@ struct PretrainConfig {
 };
 
 // YAML/JSON file + key=value overrides, as `emoe train`.
-PretrainConfig load_pretrain_config(const std::string& path, const std::vector<std::string>& overrides);
+PretrainConfig load_pretrain_config(const std::string& path,
+                                    const std::vector<std::string>& overrides);
 
 struct PretrainResult {
   std::string dir;
@@ -57,6 +57,7 @@ struct SpanCorruption {
   std::vector<int64_t> inputs, targets;
 };
 SpanCorruption span_corrupt(const std::vector<int64_t>& ids, double density, double mean_span,
-                            const std::vector<int64_t>& sentinels, int64_t eos, std::mt19937_64& rng);
+                            const std::vector<int64_t>& sentinels, int64_t eos,
+                            std::mt19937_64& rng);
 
 }  // namespace emoe

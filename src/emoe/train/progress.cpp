@@ -9,7 +9,9 @@
 
 namespace emoe {
 
-bool Progress::stderr_is_terminal() { return isatty(fileno(stderr)) != 0; }
+bool Progress::stderr_is_terminal() {
+  return isatty(fileno(stderr)) != 0;
+}
 
 std::string format_duration(double seconds) {
   auto s = static_cast<int64_t>(seconds + 0.5);

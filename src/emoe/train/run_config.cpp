@@ -50,8 +50,10 @@ bool valid_utf8(const std::string& s) {
 // A YAML string as a JSON string: JSON text (run.json, error messages) must be UTF-8.
 std::string yaml_string(const YAML::Node& n, const std::string& s) {
   if (!valid_utf8(s))
-    throw YAML::ParserException(n.Mark(), "text that is not valid UTF-8: " + nlohmann::json(s).dump(
-                                              -1, ' ', false, nlohmann::json::error_handler_t::replace));
+    throw YAML::ParserException(
+        n.Mark(),
+        "text that is not valid UTF-8: " +
+            nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   return s;
 }
 
@@ -63,14 +65,17 @@ constexpr size_t kMaxYamlValues = 10000;
 
 nlohmann::json yaml_to_json(const YAML::Node& n, int depth, size_t& values) {
   if (depth > kMaxYamlDepth)
-    throw YAML::ParserException(n.Mark(), fmt::format("nested deeper than {} levels (or an alias inside "
-                                                      "its own anchor)", kMaxYamlDepth));
+    throw YAML::ParserException(n.Mark(),
+                                fmt::format("nested deeper than {} levels (or an alias inside "
+                                            "its own anchor)",
+                                            kMaxYamlDepth));
   if (++values > kMaxYamlValues)
-    throw YAML::ParserException(n.Mark(), fmt::format("more than {} values once aliases are expanded",
-                                                      kMaxYamlValues));
+    throw YAML::ParserException(
+        n.Mark(), fmt::format("more than {} values once aliases are expanded", kMaxYamlValues));
   switch (n.Type()) {
     case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined: return nullptr;
+    case YAML::NodeType::Undefined:
+      return nullptr;
     case YAML::NodeType::Sequence: {
       nlohmann::json a = nlohmann::json::array();
       for (const auto& x : n) a.push_back(yaml_to_json(x, depth + 1, values));
@@ -79,7 +84,8 @@ nlohmann::json yaml_to_json(const YAML::Node& n, int depth, size_t& values) {
     case YAML::NodeType::Map: {
       nlohmann::json o = nlohmann::json::object();
       for (const auto& kv : n)
-        o[yaml_string(kv.first, kv.first.as<std::string>())] = yaml_to_json(kv.second, depth + 1, values);
+        o[yaml_string(kv.first, kv.first.as<std::string>())] =
+            yaml_to_json(kv.second, depth + 1, values);
       return o;
     }
     case YAML::NodeType::Scalar: {
@@ -115,7 +121,8 @@ nlohmann::json yaml_to_json(const YAML::Node& n) {
 class Reader {
  public:
   Reader(const nlohmann::json& j, std::string where) : j_(j), where_(std::move(where)) {
-    EMOE_CHECK(j_.is_object(), InputError, "{}: expected a mapping, got {}", where_, j_.type_name());
+    EMOE_CHECK(j_.is_object(), InputError, "{}: expected a mapping, got {}", where_,
+               j_.type_name());
   }
   template <typename T>
   void get(const char* key, T& out) {
@@ -151,11 +158,16 @@ class Reader {
  private:
   template <typename T>
   static const char* kind() {
-    if constexpr (std::is_same_v<T, bool>) return "true or false";
-    else if constexpr (std::is_integral_v<T>) return "an integer";
-    else if constexpr (std::is_floating_point_v<T>) return "a number";
-    else if constexpr (std::is_same_v<T, std::string>) return "a string";
-    else return "a list";
+    if constexpr (std::is_same_v<T, bool>)
+      return "true or false";
+    else if constexpr (std::is_integral_v<T>)
+      return "an integer";
+    else if constexpr (std::is_floating_point_v<T>)
+      return "a number";
+    else if constexpr (std::is_same_v<T, std::string>)
+      return "a string";
+    else
+      return "a list";
   }
   const nlohmann::json& j_;
   std::string where_;
@@ -173,10 +185,9 @@ constexpr OptionName<ObjectiveKind> kObjectiveNames[] = {
     {ObjectiveKind::kClassification, "classification"},
     {ObjectiveKind::kInstruction, "instruction"},
     {ObjectiveKind::kSeq2Seq, "seq2seq"}};
-constexpr OptionName<Schedule> kScheduleNames[] = {
-    {Schedule::kLinear, "linear"},
-    {Schedule::kCosine, "cosine"},
-    {Schedule::kConstant, "constant"}};
+constexpr OptionName<Schedule> kScheduleNames[] = {{Schedule::kLinear, "linear"},
+                                                   {Schedule::kCosine, "cosine"},
+                                                   {Schedule::kConstant, "constant"}};
 constexpr OptionName<Ablation> kAblationNames[] = {
     {Ablation::kNone, "none"},
     {Ablation::kTrainDenseEvalMoe, "train-dense-eval-moe"},
@@ -239,9 +250,12 @@ void read_mixture(const nlohmann::json& j, const std::string& where, MixtureConf
 // moe: the defaults of the method, then the keys given (moe.json's field names).
 MoeConfig read_moe(Reader& r, const std::string& method, const std::string& where) {
   MoeMethod mm = MoeMethod::kEmoe;
-  if (method == "emoe-learn") mm = MoeMethod::kEmoeLearn;
-  else if (method == "gmoe") mm = MoeMethod::kGmoe;
-  else if (method == "moefication") mm = MoeMethod::kMoefication;
+  if (method == "emoe-learn")
+    mm = MoeMethod::kEmoeLearn;
+  else if (method == "gmoe")
+    mm = MoeMethod::kGmoe;
+  else if (method == "moefication")
+    mm = MoeMethod::kMoefication;
   MoeConfig moe = MoeConfig::for_method(mm);
   moe.layers.clear();
   if (auto* m = r.sub("moe")) {
@@ -325,10 +339,18 @@ void read_train(const nlohmann::json& j, const std::string& where, TrainOptions&
 
 }  // namespace
 
-std::string to_string(ObjectiveKind v) { return option_name(kObjectiveNames, v); }
-std::string to_string(Schedule v) { return option_name(kScheduleNames, v); }
-std::string to_string(Ablation v) { return option_name(kAblationNames, v); }
-std::string to_string(NonFinitePolicy v) { return option_name(kNonFiniteNames, v); }
+std::string to_string(ObjectiveKind v) {
+  return option_name(kObjectiveNames, v);
+}
+std::string to_string(Schedule v) {
+  return option_name(kScheduleNames, v);
+}
+std::string to_string(Ablation v) {
+  return option_name(kAblationNames, v);
+}
+std::string to_string(NonFinitePolicy v) {
+  return option_name(kNonFiniteNames, v);
+}
 ObjectiveKind parse_objective(const std::string& name) {
   return parse_option(kObjectiveNames, name, "objective");
 }
@@ -357,50 +379,87 @@ PeftMethod RunConfig::peft_method() const {
 
 nlohmann::json RunConfig::to_json() const {
   const auto& t = train;
-  nlohmann::json tj = {{"lr", t.lr}, {"head_lr", t.head_lr}, {"router_lr", t.router_lr},
-                       {"weight_decay", t.weight_decay}, {"adam_beta1", t.adam_beta1},
-                       {"adam_beta2", t.adam_beta2}, {"adam_eps", t.adam_eps},
-                       {"batch_size", t.batch_size}, {"eval_batch_size", t.eval_batch_size},
-                       {"grad_accum", t.grad_accum}, {"grad_clip", t.grad_clip},
-                       {"epochs", t.epochs}, {"max_steps", t.max_steps},
+  nlohmann::json tj = {{"lr", t.lr},
+                       {"head_lr", t.head_lr},
+                       {"router_lr", t.router_lr},
+                       {"weight_decay", t.weight_decay},
+                       {"adam_beta1", t.adam_beta1},
+                       {"adam_beta2", t.adam_beta2},
+                       {"adam_eps", t.adam_eps},
+                       {"batch_size", t.batch_size},
+                       {"eval_batch_size", t.eval_batch_size},
+                       {"grad_accum", t.grad_accum},
+                       {"grad_clip", t.grad_clip},
+                       {"epochs", t.epochs},
+                       {"max_steps", t.max_steps},
                        {"schedule", to_string(t.schedule)},
-                       {"warmup_ratio", t.warmup_ratio}, {"warmup_steps", t.warmup_steps},
-                       {"max_length", t.max_length}, {"seed", t.seed},
+                       {"warmup_ratio", t.warmup_ratio},
+                       {"warmup_steps", t.warmup_steps},
+                       {"max_length", t.max_length},
+                       {"seed", t.seed},
                        {"early_stopping", t.early_stopping},
                        {"max_train_examples", t.max_train_examples},
-                       {"max_eval_examples", t.max_eval_examples}, {"log_every", t.log_every},
-                       {"save_every", t.save_every}, {"stop_after_steps", t.stop_after_steps},
+                       {"max_eval_examples", t.max_eval_examples},
+                       {"log_every", t.log_every},
+                       {"save_every", t.save_every},
+                       {"stop_after_steps", t.stop_after_steps},
                        {"usage_interval", t.usage_interval},
                        {"precision", option_name(kPrecisionNames, t.precision)},
                        {"nonfinite", to_string(t.nonfinite)}};
-  nlohmann::json pj = {{"targets", peft.targets}, {"feedforward_targets", peft.feedforward_targets},
-                       {"r", peft.r}, {"alpha", peft.alpha}, {"dropout", peft.dropout},
-                       {"experts", peft.experts}, {"topk", peft.topk},
+  nlohmann::json pj = {{"targets", peft.targets},
+                       {"feedforward_targets", peft.feedforward_targets},
+                       {"r", peft.r},
+                       {"alpha", peft.alpha},
+                       {"dropout", peft.dropout},
+                       {"experts", peft.experts},
+                       {"topk", peft.topk},
                        {"balance_weight", peft.balance_weight}};
   auto mj = moe.to_json();
   nlohmann::json dj = nullptr;
   if (!dataset.empty()) {
     nlohmann::json ood = nlohmann::json::object();
     for (const auto& [name, file] : dataset.ood) ood[name] = file;
-    dj = {{"train", dataset.train}, {"dev", dataset.dev}, {"ood", ood},
-          {"text_cols", dataset.text_cols}, {"label_col", dataset.label_col},
-          {"labels", dataset.labels}, {"regression", dataset.regression},
+    dj = {{"train", dataset.train},
+          {"dev", dataset.dev},
+          {"ood", ood},
+          {"text_cols", dataset.text_cols},
+          {"label_col", dataset.label_col},
+          {"labels", dataset.labels},
+          {"regression", dataset.regression},
           {"metrics", dataset.metrics}};
   }
-  nlohmann::json out = {{"model", model}, {"objective", to_string(objective)}, {"task", task},
-          {"dataset", dj}, {"data_dir", data_dir},
-          {"ood", ood}, {"method", method}, {"moe", mj}, {"peft", pj}, {"train", tj},
-          {"ablation", to_string(ablation)}, {"instruct_data", instruct_data},
-          {"instruct_dev_fraction", instruct_dev_fraction}, {"mmlu_dir", mmlu_dir},
-          {"mmlu_shots", mmlu_shots}, {"mmlu_max_questions", mmlu_max_questions},
-          {"prune_from", prune_from}, {"prune_keep", prune_keep},
-          {"output", output}, {"save_best", save_best}, {"export_dense", export_dense},
-          {"device", device}, {"dtype", dtype}, {"threads", threads}};
+  nlohmann::json out = {{"model", model},
+                        {"objective", to_string(objective)},
+                        {"task", task},
+                        {"dataset", dj},
+                        {"data_dir", data_dir},
+                        {"ood", ood},
+                        {"method", method},
+                        {"moe", mj},
+                        {"peft", pj},
+                        {"train", tj},
+                        {"ablation", to_string(ablation)},
+                        {"instruct_data", instruct_data},
+                        {"instruct_dev_fraction", instruct_dev_fraction},
+                        {"mmlu_dir", mmlu_dir},
+                        {"mmlu_shots", mmlu_shots},
+                        {"mmlu_max_questions", mmlu_max_questions},
+                        {"prune_from", prune_from},
+                        {"prune_keep", prune_keep},
+                        {"output", output},
+                        {"save_best", save_best},
+                        {"export_dense", export_dense},
+                        {"device", device},
+                        {"dtype", dtype},
+                        {"threads", threads}};
   // only for seq2seq: the config.json of other runs stays as it was
   if (objective == ObjectiveKind::kSeq2Seq) {
     out["train"]["max_target_length"] = t.max_target_length;
-    out["mixture"] = {{"tasks", mixture.tasks}, {"rate", mixture.rate}, {"cap", mixture.cap},
-                      {"temperature", mixture.temperature}, {"templates", mixture.templates}};
+    out["mixture"] = {{"tasks", mixture.tasks},
+                      {"rate", mixture.rate},
+                      {"cap", mixture.cap},
+                      {"temperature", mixture.temperature},
+                      {"templates", mixture.templates}};
     out["heldout"] = heldout;
     out["rank_score"] = rank_score;
   }
@@ -420,7 +479,8 @@ RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where
   if (auto* d = r.sub("dataset")) read_dataset(*d, where, c.dataset);
   r.get("data_dir", c.data_dir);
   if (auto* o = r.sub("ood")) {
-    if (o->is_string()) c.ood = {o->get<std::string>()};
+    if (o->is_string())
+      c.ood = {o->get<std::string>()};
     else {
       try {
         c.ood = o->get<std::vector<std::string>>();
@@ -452,8 +512,7 @@ RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where
   c.peft = PeftConfig::for_method(c.peft_method(), "");
   if (auto* p = r.sub("peft")) read_peft(*p, where, c.peft);
   c.peft.method = c.peft_method();
-  if (auto* t = r.sub("train"))
-    read_train(*t, where, c.train, schedule, precision, nonfinite);
+  if (auto* t = r.sub("train")) read_train(*t, where, c.train, schedule, precision, nonfinite);
   r.finish();
   c.objective = parse_objective(objective);
   c.ablation = parse_ablation(ablation);
@@ -468,12 +527,14 @@ void RunConfig::validate() const {
     EMOE_THROW(InputError, "run config: {}: {}", key, what);
   };
   if (model.empty()) bad("model", "required (a Hugging Face model folder)");
-  static const std::set<std::string> methods = {"full", "lora", "ia3", "mov", "molora", "emoe",
-                                                "emoe+lora", "emoe-learn", "gmoe", "moefication"};
+  static const std::set<std::string> methods = {"full",   "lora",       "ia3",       "mov",
+                                                "molora", "emoe",       "emoe+lora", "emoe-learn",
+                                                "gmoe",   "moefication"};
   if (!methods.count(method))
     bad("method", fmt::format("expected one of {}, got '{}'", fmt::join(methods, ", "), method));
   if (objective == ObjectiveKind::kSeq2Seq) {
-    if (mixture.tasks.empty()) bad("mixture.tasks", "required for seq2seq (e.g. [sst2, cola, mrpc])");
+    if (mixture.tasks.empty())
+      bad("mixture.tasks", "required for seq2seq (e.g. [sst2, cola, mrpc])");
     std::set<std::string> seen;
     for (const auto& t : mixture.tasks) {
       task_templates(t, "run config: mixture.tasks");
@@ -481,11 +542,14 @@ void RunConfig::validate() const {
     }
     for (const auto& t : heldout) {
       task_templates(t, "run config: heldout");
-      if (seen.count(t)) bad("heldout", fmt::format("task '{}' is also a training task (mixture.tasks)", t));
+      if (seen.count(t))
+        bad("heldout", fmt::format("task '{}' is also a training task (mixture.tasks)", t));
     }
     if (mixture.rate != "examples-proportional" && mixture.rate != "temperature")
-      bad("mixture.rate", fmt::format("expected examples-proportional or temperature, got '{}'", mixture.rate));
-    if (mixture.cap < 0) bad("mixture.cap", fmt::format("expected >= 0 (0: no cap), got {}", mixture.cap));
+      bad("mixture.rate",
+          fmt::format("expected examples-proportional or temperature, got '{}'", mixture.rate));
+    if (mixture.cap < 0)
+      bad("mixture.cap", fmt::format("expected >= 0 (0: no cap), got {}", mixture.cap));
     if (mixture.temperature <= 0)
       bad("mixture.temperature", fmt::format("expected > 0, got {}", mixture.temperature));
     if (mixture.templates != "all" && mixture.templates != "first")
@@ -497,8 +561,8 @@ void RunConfig::validate() const {
     if (!dataset.empty()) bad("dataset", "not used by seq2seq (the mixture reads GLUE tasks)");
     if (!ood.empty()) bad("ood", "not used by seq2seq (use heldout)");
   } else {
-    const std::string only = fmt::format("only for objective seq2seq, got objective '{}'",
-                                         to_string(objective));
+    const std::string only =
+        fmt::format("only for objective seq2seq, got objective '{}'", to_string(objective));
     if (!mixture.tasks.empty()) bad("mixture", only);
     if (!heldout.empty()) bad("heldout", only);
   }
@@ -506,9 +570,11 @@ void RunConfig::validate() const {
     bad("task", "required for classification");
   if (!dataset.empty()) {
     if (dataset.dev.empty()) bad("dataset.dev", "required with dataset.train");
-    if (!dataset.regression && dataset.labels.size() < 2) bad("dataset.labels", "expected two or more label names");
+    if (!dataset.regression && dataset.labels.size() < 2)
+      bad("dataset.labels", "expected two or more label names");
     if (dataset.metrics.empty()) bad("dataset.metrics", "expected at least one metric");
-    if (dataset.text_cols.empty() || dataset.text_cols.size() > 2) bad("dataset.text_cols", "expected one or two columns");
+    if (dataset.text_cols.empty() || dataset.text_cols.size() > 2)
+      bad("dataset.text_cols", "expected one or two columns");
   }
   if (objective == ObjectiveKind::kInstruction && instruct_data.empty())
     bad("instruct_data", "required for instruction tuning (an Alpaca JSON file)");
@@ -526,12 +592,14 @@ void RunConfig::validate() const {
   if (t.grad_clip < 0) bad("train.grad_clip", "expected >= 0");
   if (t.usage_interval < 0) bad("train.usage_interval", "expected >= 0");
   if (t.precision == Precision::kBf16Mixed && dtype != "float32")
-    bad("train.precision", fmt::format("bf16-mixed needs float32 weights (dtype), got dtype '{}'", dtype));
+    bad("train.precision",
+        fmt::format("bf16-mixed needs float32 weights (dtype), got dtype '{}'", dtype));
   if (peft.r < 1) bad("peft.r", "expected >= 1");
   if (peft.experts < 1) bad("peft.experts", "expected >= 1");
   if (peft.dropout < 0 || peft.dropout >= 1) bad("peft.dropout", "expected [0, 1)");
   if (output.empty()) bad("output", "required");
-  if (!prune_from.empty() && !uses_moe()) bad("prune_from", "needs an MoE method (emoe, emoe+lora, ...)");
+  if (!prune_from.empty() && !uses_moe())
+    bad("prune_from", "needs an MoE method (emoe, emoe+lora, ...)");
   if (!prune_from.empty() && prune_keep < 1) bad("prune_keep", "expected >= 1 with prune_from");
 }
 
@@ -551,13 +619,15 @@ void apply_overrides(nlohmann::json& j, const std::vector<std::string>& override
     size_t start = 0;
     while (true) {
       auto dot = key.find('.', start);
-      std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      std::string part =
+          key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
       EMOE_CHECK(!part.empty(), UsageError, "--set {}: empty key part", o);
       if (dot == std::string::npos) {
         (*node)[part] = parsed;
         break;
       }
-      if (!node->contains(part) || !(*node)[part].is_object()) (*node)[part] = nlohmann::json::object();
+      if (!node->contains(part) || !(*node)[part].is_object())
+        (*node)[part] = nlohmann::json::object();
       node = &(*node)[part];
       start = dot + 1;
     }
@@ -576,8 +646,8 @@ nlohmann::json load_yaml_file(const std::string& path) {
   return j;
 }
 
-nlohmann::json load_layered_config(const std::string& path, const std::vector<std::string>& overrides,
-                                   std::string& where) {
+nlohmann::json load_layered_config(const std::string& path,
+                                   const std::vector<std::string>& overrides, std::string& where) {
   nlohmann::json j = nlohmann::json::object();
   if (!path.empty()) {
     j = load_yaml_file(path);

@@ -2,7 +2,6 @@
 // validated in one place, and written back resolved next to every output.
 #pragma once
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <vector>
 
@@ -42,13 +41,13 @@ struct TrainOptions {
   int64_t grad_accum = 1;
   double grad_clip = 1.0;  // 0 = off
   int64_t epochs = 3;
-  int64_t max_steps = 0;   // optimiser steps; 0 = epochs decide
+  int64_t max_steps = 0;  // optimiser steps; 0 = epochs decide
   Schedule schedule = Schedule::kLinear;
   double warmup_ratio = 0.0;
   int64_t warmup_steps = 0;  // overrides warmup_ratio when > 0
   int64_t max_length = 128;
   uint64_t seed = 0;
-  int64_t early_stopping = 0;  // stop after this many evaluations without improvement; 0 = off
+  int64_t early_stopping = 0;      // stop after this many evaluations without improvement; 0 = off
   int64_t max_train_examples = 0;  // 0 = all
   int64_t max_eval_examples = 0;   // 0 = all (applies to dev and out-of-domain sets)
   int64_t log_every = 20;          // optimiser steps between log lines
@@ -70,17 +69,17 @@ struct CustomDataset {
   std::vector<std::pair<std::string, std::string>> ood;  // out-of-domain sets: name -> file
   std::vector<std::string> text_cols = {"sentence"};     // one column, or two for pairs
   std::string label_col = "label";
-  std::vector<std::string> labels;                       // label names in id order
+  std::vector<std::string> labels;  // label names in id order
   bool regression = false;
-  std::vector<std::string> metrics = {"accuracy"};       // the first one picks the best epoch
+  std::vector<std::string> metrics = {"accuracy"};  // the first one picks the best epoch
   bool empty() const { return train.empty(); }
 };
 
 struct RunConfig {
-  std::string model;             // Hugging Face model folder
+  std::string model;  // Hugging Face model folder
   ObjectiveKind objective = ObjectiveKind::kClassification;
-  std::string task;              // GLUE task name (classification), or a name for `dataset`
-  CustomDataset dataset;         // when set: the task's data come from these files
+  std::string task;       // GLUE task name (classification), or a name for `dataset`
+  CustomDataset dataset;  // when set: the task's data come from these files
   std::string data_dir = "../shared/data";
   std::vector<std::string> ood;  // out-of-domain set names, or ["all"]
   // full | lora | ia3 | mov | molora | emoe | emoe+lora | emoe-learn | gmoe | moefication
@@ -107,8 +106,8 @@ struct RunConfig {
   std::string prune_from;
   int64_t prune_keep = 0;
   std::string output = "runs/run";
-  bool save_best = true;       // write the best model as a Hugging Face folder
-  bool export_dense = true;    // ... recomposed to the dense architecture when possible
+  bool save_best = true;     // write the best model as a Hugging Face folder
+  bool export_dense = true;  // ... recomposed to the dense architecture when possible
   std::string device = "cpu";
   std::string dtype = "float32";
   int threads = 0;
@@ -128,8 +127,8 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 // A YAML (or JSON) file as JSON, scalars typed as YAML reads them (InputError naming the file).
 nlohmann::json load_yaml_file(const std::string& path);
 // The YAML file (or {} without a path) with the overrides applied; `where` becomes the path.
-nlohmann::json load_layered_config(const std::string& path, const std::vector<std::string>& overrides,
-                                   std::string& where);
+nlohmann::json load_layered_config(const std::string& path,
+                                   const std::vector<std::string>& overrides, std::string& where);
 
 // Applies overrides to a JSON config (dotted keys; values parsed as YAML scalars/lists).
 void apply_overrides(nlohmann::json& j, const std::vector<std::string>& overrides);

@@ -12,9 +12,9 @@
 #include "emoe/core/logging.h"
 #include "emoe/core/runtime.h"
 #include "emoe/io/atomic_file.h"
-#include "emoe/train/method.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/models/architecture.h"
+#include "emoe/train/method.h"
 
 namespace emoe {
 namespace fs = std::filesystem;

@@ -8,15 +8,15 @@
 #include <fstream>
 #include <limits>
 
-#include "emoe/moe/usage.h"
 #include "emoe/core/error.h"
 #include "emoe/core/logging.h"
 #include "emoe/core/runtime.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/io/safetensors.h"
-#include "emoe/train/checkpoint.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/models/routed.h"
+#include "emoe/moe/usage.h"
+#include "emoe/train/checkpoint.h"
 #include "emoe/train/objective.h"
 #include "emoe/train/optim.h"
 #include "emoe/train/precision.h"

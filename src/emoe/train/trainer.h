@@ -2,7 +2,6 @@
 // epoch with best-epoch selection, early stopping, checkpoints and resume, and the run folder.
 #pragma once
 #include <nlohmann/json.hpp>
-
 #include <string>
 
 #include "emoe/dist/communicator.h"
