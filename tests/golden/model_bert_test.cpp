@@ -71,3 +71,36 @@ TEST(BertGolden, BertMiniMaskedLm) {
   auto pout = model->forward(pair);
   EXPECT_LT(max_abs_diff(pout.logits, fx["pair.logits"]), emoe::test::kGoldenTol);
 }
+
+TEST(RobertaGolden, SequenceClassificationWithPositionsFromTheInputIds) {
+  EMOE_REQUIRE_SHARED(dir, "fixtures/tiny/roberta_seqcls");
+  auto fx = emoe::test::load_fixture(dir + "/fixture.safetensors");
+  auto model = emoe::test::load_test_model(dir);
+  EXPECT_EQ(model->summary().model_type, "roberta");
+  EXPECT_EQ(model->summary().head, emoe::Head::kSequenceClassification);
+  EXPECT_FALSE(model->named_parameters().contains("roberta.pooler.dense.weight"));
+  for (std::string side : {"", "left."}) {
+    SCOPED_TRACE(side.empty() ? "right" : "left");
+    emoe::ModelInputs in;  // no position_ids: derived from the ids as Hugging Face does
+    in.input_ids = fx[side + "input_ids"];
+    in.attention_mask = fx[side + "attention_mask"];
+    in.labels = fx["labels"];
+    in.output_hidden_states = true;
+    auto out = model->forward(in);
+    ASSERT_EQ(out.hidden_states.size(), 3u);
+    for (size_t l = 0; l < out.hidden_states.size(); ++l)
+      EXPECT_LT(max_abs_diff(out.hidden_states[l], fx[side + "hidden_states"][l]),
+                emoe::test::kGoldenTol)
+          << "hidden " << l;
+    EXPECT_LT(max_abs_diff(out.logits, fx[side + "logits"]), emoe::test::kGoldenTol);
+    EXPECT_LT(max_abs_diff(out.loss, fx[side + "loss"]), emoe::test::kGoldenTol);
+  }
+  // a round trip through our writer keeps Hugging Face's keys (no pooler, classifier.out_proj)
+  emoe::test::TempDir tmp;
+  emoe::save_model(*model, tmp.path());
+  auto again = emoe::load_model(tmp.path());
+  emoe::ModelInputs in;
+  in.input_ids = fx["input_ids"];
+  in.attention_mask = fx["attention_mask"];
+  EXPECT_LT(max_abs_diff(again->forward(in).logits, fx["logits"]), emoe::test::kGoldenTol);
+}

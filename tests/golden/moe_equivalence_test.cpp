@@ -15,10 +15,12 @@ struct Case {
   int64_t experts;
 };
 
-const std::vector<Case> kCases = {{"fixtures/tiny/bert_seqcls", 4}, {"fixtures/tiny/gpt2_lm", 4},
-                                  {"fixtures/tiny/llama_lm", 4},    {"fixtures/tiny/llama3_lm", 4},
-                                  {"fixtures/tiny/mistral_lm", 4},  {"fixtures/tiny/qwen2_lm", 4},
-                                  {"fixtures/tiny/qwen3_lm", 4},    {"models/stories260K/hf", 4}};
+const std::vector<Case> kCases = {
+    {"fixtures/tiny/bert_seqcls", 4}, {"fixtures/tiny/roberta_seqcls", 4},
+    {"fixtures/tiny/gpt2_lm", 4},     {"fixtures/tiny/llama_lm", 4},
+    {"fixtures/tiny/llama3_lm", 4},   {"fixtures/tiny/mistral_lm", 4},
+    {"fixtures/tiny/qwen2_lm", 4},    {"fixtures/tiny/qwen3_lm", 4},
+    {"models/stories260K/hf", 4}};
 
 // A right-padded batch of random ids with a few pads, valid for every model here.
 emoe::ModelInputs batch(int64_t vocab, uint64_t seed) {

@@ -642,6 +642,38 @@ TEST(PeftTargets, RefusesLinearsAnMoePlugBypasses) {
   EXPECT_EQ(emoe::apply_peft(*masked, peft_config(PeftMethod::kIa3)).size(), 6u);
 }
 
+TEST(PeftTargets, PreactivationDropoutKeepsAdaptersOnTheKeyProjectionInThePath) {
+  // masked EMoE with pre-activation dropout computes the input projection through the layer's
+  // Linear (FfnSlot::ffn_preactivation): a LoRA there is accepted and changes the training output
+  auto moe = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
+  moe.experts = 4;
+  moe.topk = 2;
+  moe.layers = {1};
+  moe.split = "contiguous";
+  moe.preact_dropout = 0.1;
+  auto m = peft_tiny_model("bert", Head::kSequenceClassification);
+  emoe::convert_to_moe(*m, moe);
+  auto c = peft_config(PeftMethod::kLora);
+  c.targets = {"layer.1.intermediate.dense"};
+  ASSERT_EQ(emoe::apply_peft(*m, c).size(), 1u);
+  torch::manual_seed(3);
+  auto ids = torch::randint(3, 50, {2, 6}, torch::kLong);
+  auto run = [&] {
+    m->train();
+    torch::manual_seed(7);  // the same dropout masks in both runs
+    emoe::ModelInputs in;
+    in.input_ids = ids;
+    return m->forward(in).logits;
+  };
+  auto before = run();
+  {
+    torch::NoGradGuard g;
+    for (auto& p : m->named_parameters())
+      if (p.key().find("lora_B") != std::string::npos) p.value().fill_(0.5);
+  }
+  EXPECT_GT((run() - before).abs().max().item<double>(), 1e-4) << "the adapter was skipped";
+}
+
 TEST(PeftIo, BadAdapterConfigIsOneInputErrorListingEveryProblem) {
   auto m = peft_tiny_model("bert", Head::kBase);
   auto c = peft_config(PeftMethod::kLora);

@@ -88,7 +88,7 @@ TEST(PretrainConfig, ErrorsNameTheKey) {
   };
   EXPECT_NE(msg({"corpus=x", "hiden=3"}).find("unknown key 'hiden'"), std::string::npos);
   EXPECT_NE(msg({"corpus=x", "arch=xlnet"})
-                .find("arch: expected bert, gpt2, llama, t5, mistral, qwen2 or qwen3"),
+                .find("arch: expected bert, gpt2, llama, t5, mistral, qwen2, qwen3 or roberta"),
             std::string::npos);
   EXPECT_NE(msg({}).find("corpus: required"), std::string::npos);
   EXPECT_NE(msg({"corpus=x", "hidden=30", "heads=4"}).find("not a multiple of heads"),

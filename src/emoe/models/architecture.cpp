@@ -18,8 +18,9 @@ bool Architecture::is_pretrained_head(const std::string& module_key) const {
 
 const std::vector<const Architecture*>& architectures() {
   static const std::vector<const Architecture*> all = {
-      &bert_architecture(),    &gpt2_architecture(),  &llama_architecture(), &t5_architecture(),
-      &mistral_architecture(), &qwen2_architecture(), &qwen3_architecture()};
+      &bert_architecture(),  &gpt2_architecture(),    &llama_architecture(),
+      &t5_architecture(),    &mistral_architecture(), &qwen2_architecture(),
+      &qwen3_architecture(), &roberta_architecture()};
   return all;
 }
 

@@ -63,7 +63,7 @@ at::Tensor add_sliding_window(const at::Tensor& blocked, int64_t t, int64_t s, i
 
 // The most negative finite value of a floating dtype: a blocked score that stays finite, so a
 // fully blocked row (a pad query) gives a uniform softmax instead of NaN.
-static at::Scalar lowest_value(at::ScalarType t) {
+at::Scalar lowest_value(at::ScalarType t) {
   switch (t) {
     case at::kBFloat16:
       return at::Scalar(static_cast<float>(std::numeric_limits<c10::BFloat16>::lowest()));

@@ -1,6 +1,7 @@
 // Attention math shared by every architecture: masks, grouped-query attention, KV cache, RoPE.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <c10/core/Scalar.h>
 
 #include <utility>
 #include <vector>
@@ -36,6 +37,10 @@ at::Tensor build_block_mask(const at::Tensor& attention_mask, int64_t t, int64_t
 // attention (Mistral, Qwen2) masks; nothing changes while s <= window.
 at::Tensor add_sliding_window(const at::Tensor& blocked, int64_t t, int64_t s, int64_t window,
                               const at::Device& device);
+
+// The most negative finite value of a floating dtype (torch.finfo(dtype).min, Hugging Face's mask
+// value): a blocked score that stays finite.
+at::Scalar lowest_value(at::ScalarType t);
 
 // softmax(q k^T * scale, blocked -> lowest) v with q [B,Hq,T,D], k/v [B,Hkv,S,D]; Hq must be a
 // multiple of Hkv (grouped-query attention: query head h reads kv head h / (Hq/Hkv)).

@@ -1,5 +1,5 @@
-// BERT: config, modules named as Hugging Face's, load quirks (gamma/beta, missing "bert."),
-// forward.
+// BERT and RoBERTa: config, modules named as Hugging Face's, load quirks (gamma/beta, missing
+// "bert."/"roberta."), forward.
 #include "emoe/models/bert.h"
 
 #include <torch/torch.h>
@@ -13,8 +13,9 @@
 
 namespace emoe {
 
-BertConfig BertConfig::from_json(const JsonFields& j) {
+BertConfig BertConfig::from_json(const JsonFields& j, bool roberta) {
   BertConfig c;
+  c.roberta = roberta;
   c.vocab_size = j.get_int("vocab_size", c.vocab_size);
   c.hidden_size = j.get_int("hidden_size", c.hidden_size);
   c.num_hidden_layers = j.get_int("num_hidden_layers", c.num_hidden_layers);
@@ -29,8 +30,11 @@ BertConfig BertConfig::from_json(const JsonFields& j) {
   if (j.has("classifier_dropout")) c.classifier_dropout = j.get_double("classifier_dropout");
   c.layer_norm_eps = j.get_double("layer_norm_eps", c.layer_norm_eps);
   c.initializer_range = j.get_double("initializer_range", c.initializer_range);
-  c.pad_token_id =
-      j.has("pad_token_id") ? std::optional<int64_t>(j.get_int("pad_token_id")) : std::nullopt;
+  // absent: none for BERT, RobertaConfig's default padding_idx 1 for RoBERTa
+  c.pad_token_id = j.has("pad_token_id") ? std::optional<int64_t>(j.get_int("pad_token_id"))
+                                         : (roberta ? std::optional<int64_t>(1) : std::nullopt);
+  if (roberta && !j.has("pad_token_id") && j.raw().contains("pad_token_id"))
+    j.fail("pad_token_id", "RoBERTa needs a padding_idx (its position ids count from it)");
   if (j.has("id2label") && j.raw()["id2label"].is_object())
     c.num_labels = static_cast<int64_t>(j.raw()["id2label"].size());
   c.num_labels = j.get_int("num_labels", c.num_labels);
@@ -105,6 +109,9 @@ class BertLayerImpl : public torch::nn::Module, public FfnSlot {
   torch::Tensor ffn_hidden(const torch::Tensor& x) override {
     return activate(inter_dense_(x), act_);
   }
+  std::pair<torch::Tensor, torch::Tensor> ffn_preactivation(const torch::Tensor& x) override {
+    return {inter_dense_(x), torch::Tensor()};
+  }
   torch::Tensor ffn_output(const torch::Tensor& h) override { return out_dense_(h); }
   FfnView ffn_view() override {
     FfnView v;
@@ -132,8 +139,9 @@ class BertLayerImpl : public torch::nn::Module, public FfnSlot {
 
 class BertModelImpl : public PretrainedModelImpl {
  public:
-  BertModelImpl(const BertConfig& c, Head head) : c_(c), head_(head) {
-    auto bert = register_module("bert", container());
+  BertModelImpl(const BertConfig& c, Head head)
+      : c_(c), head_(head), root_(c.roberta ? "roberta" : "bert") {
+    auto bert = register_module(root_, container());
     auto emb = bert->register_module("embeddings", container());
     word_ =
         emb->register_module("word_embeddings", torch::nn::Embedding(c.vocab_size, c.hidden_size));
@@ -145,18 +153,30 @@ class BertModelImpl : public PretrainedModelImpl {
     auto encoder = bert->register_module("encoder", container());
     auto layers = encoder->register_module("layer", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-      auto layer = std::make_shared<BertLayerImpl>(c, i, fmt::format("bert.encoder.layer.{}", i));
+      auto layer =
+          std::make_shared<BertLayerImpl>(c, i, fmt::format("{}.encoder.layer.{}", root_, i));
       layers->push_back(layer);
       layers_.push_back(layer);
     }
     auto lin = [](int64_t in, int64_t out) { return Linear(LinearOptions{in, out, true, false}); };
-    if (head != Head::kMaskedLM) {
+    // RoBERTa's task models have no pooler (add_pooling_layer=False); BERT's MLM has none either
+    if (c.roberta ? head == Head::kBase : head != Head::kMaskedLM) {
       auto pooler = bert->register_module("pooler", container());
       pooler_ = pooler->register_module("dense", lin(c.hidden_size, c.hidden_size));
     }
-    if (head == Head::kSequenceClassification)
+    if (head == Head::kSequenceClassification && c.roberta) {
+      auto cls = register_module("classifier", container());
+      cls_dense_ = cls->register_module("dense", lin(c.hidden_size, c.hidden_size));
+      classifier_ = cls->register_module("out_proj", lin(c.hidden_size, c.num_labels));
+    } else if (head == Head::kSequenceClassification) {
       classifier_ = register_module("classifier", lin(c.hidden_size, c.num_labels));
-    if (head == Head::kMaskedLM) {
+    }
+    if (head == Head::kMaskedLM && c.roberta) {
+      auto lm = register_module("lm_head", container());
+      mlm_dense_ = lm->register_module("dense", lin(c.hidden_size, c.hidden_size));
+      mlm_norm_ = lm->register_module("layer_norm", LayerNorm(c.hidden_size, c.layer_norm_eps));
+      mlm_bias_ = lm->register_parameter("bias", torch::zeros({c.vocab_size}));
+    } else if (head == Head::kMaskedLM) {
       auto cls = register_module("cls", container());
       auto pred = cls->register_module("predictions", container());
       auto transform = pred->register_module("transform", container());
@@ -165,7 +185,7 @@ class BertModelImpl : public PretrainedModelImpl {
           transform->register_module("LayerNorm", LayerNorm(c.hidden_size, c.layer_norm_eps));
       mlm_bias_ = pred->register_parameter("bias", torch::zeros({c.vocab_size}));
     }
-    summary_.model_type = "bert";
+    summary_.model_type = root_;
     summary_.head = head;
     summary_.causal = false;
     summary_.num_layers = c.num_hidden_layers;
@@ -184,7 +204,7 @@ class BertModelImpl : public PretrainedModelImpl {
     torch::NoGradGuard g;
     for (auto& p : named_parameters()) {
       const auto& k = p.key();
-      if (k.find("LayerNorm") != std::string::npos) {
+      if (k.find("LayerNorm") != std::string::npos || k.find("layer_norm") != std::string::npos) {
         if (k.size() >= 6 && k.substr(k.size() - 6) == "weight")
           p.value().fill_(1.0);
         else
@@ -203,16 +223,27 @@ class BertModelImpl : public PretrainedModelImpl {
     EMOE_CHECK(ids.dim() == 2, InputError, "input_ids: expected [batch, seq], got {} dims",
                ids.dim());
     const int64_t b = ids.size(0), t = ids.size(1);
-    EMOE_CHECK(t <= c_.max_position_embeddings, InputError,
-               "input_ids: sequence length {} exceeds max_position_embeddings {}", t,
-               c_.max_position_embeddings);
+    // RoBERTa's positions start after padding_idx
+    const int64_t offset = c_.roberta ? *c_.pad_token_id + 1 : 0;
+    EMOE_CHECK(t + offset <= c_.max_position_embeddings, InputError,
+               "input_ids: sequence length {} exceeds max_position_embeddings {}{}", t,
+               c_.max_position_embeddings,
+               offset ? fmt::format(" less padding_idx + 1 ({})", offset) : "");
     auto dev = word_->weight.device();
     auto ids_d = ids.to(dev);
-    auto pos = in.position_ids.defined()
-                   ? in.position_ids.to(dev)
-                   : torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(dev))
-                         .unsqueeze(0)
-                         .expand({b, t});
+    torch::Tensor pos;
+    if (in.position_ids.defined()) {
+      pos = in.position_ids.to(dev);
+    } else if (c_.roberta) {
+      // Hugging Face's create_position_ids_from_input_ids: padding_idx + the count of real tokens
+      // so far at real tokens, padding_idx at pads, whatever the padding side
+      auto real = ids_d.ne(*c_.pad_token_id).to(torch::kLong);
+      pos = torch::cumsum(real, 1) * real + *c_.pad_token_id;
+    } else {
+      pos = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(dev))
+                .unsqueeze(0)
+                .expand({b, t});
+    }
     auto types = in.token_type_ids.defined() ? in.token_type_ids.to(dev)
                                              : torch::zeros({b, t}, ids_d.options());
     auto h = word_(ids_d) + type_(types) + pos_(pos);
@@ -232,8 +263,14 @@ class BertModelImpl : public PretrainedModelImpl {
     out.last_hidden_state = h;
     if (pooler_) out.pooler_output = torch::tanh(pooler_(h.select(1, 0)));
     if (head_ == Head::kSequenceClassification) {
-      double p = c_.classifier_dropout.value_or(c_.hidden_dropout_prob);
-      out.logits = classifier_(emoe::dropout(out.pooler_output, p, is_training()));
+      const double p = c_.classifier_dropout.value_or(c_.hidden_dropout_prob);
+      if (c_.roberta) {  // RobertaClassificationHead on <s>: dense, tanh, out_proj
+        auto x = emoe::dropout(h.select(1, 0), p, is_training());
+        x = emoe::dropout(torch::tanh(cls_dense_(x)), p, is_training());
+        out.logits = classifier_(x);
+      } else {
+        out.logits = classifier_(emoe::dropout(out.pooler_output, p, is_training()));
+      }
       if (in.labels.defined())
         out.loss =
             sequence_classification_loss(out.logits, in.labels, c_.num_labels, c_.problem_type);
@@ -261,6 +298,13 @@ class BertModelImpl : public PretrainedModelImpl {
     replace_suffix("LayerNorm.gamma", "LayerNorm.weight");
     replace_suffix("LayerNorm.beta", "LayerNorm.bias");
     auto starts = [&](const std::string& p) { return k.rfind(p, 0) == 0; };
+    if (c_.roberta) {
+      if (!starts("roberta.") && !starts("lm_head.") && !starts("classifier.")) k = "roberta." + k;
+      if (k == "roberta.embeddings.position_ids" || k == "roberta.embeddings.token_type_ids")
+        return "";                                                                  // buffers
+      if (k == "lm_head.decoder.weight" || k == "lm_head.decoder.bias") return "";  // tied
+      return k;
+    }
     if (!starts("bert.") && !starts("cls.") && !starts("classifier.")) k = "bert." + k;
     if (k == "bert.embeddings.position_ids") return "";  // a non-persistent buffer in new files
     if (k == "cls.predictions.decoder.weight" || k == "cls.predictions.decoder.bias")
@@ -269,19 +313,22 @@ class BertModelImpl : public PretrainedModelImpl {
     return k;
   }
   std::string file_key(const std::string& module_key) const override {
-    if (head_ == Head::kBase && module_key.rfind("bert.", 0) == 0) return module_key.substr(5);
+    const std::string root = root_ + ".";
+    if (head_ == Head::kBase && module_key.rfind(root, 0) == 0)
+      return module_key.substr(root.size());
     return module_key;
   }
   bool is_head_key(const std::string& k) const override {
     return k.rfind("classifier.", 0) == 0 || k.rfind("cls.", 0) == 0 ||
-           k.rfind("bert.pooler.", 0) == 0;
+           k.rfind("lm_head.", 0) == 0 || k.rfind(root_ + ".pooler.", 0) == 0;
   }
   void init_head() override {
     torch::NoGradGuard g;
     for (auto& p : named_parameters()) {
       if (!is_head_key(p.key())) continue;
       const auto& k = p.key();
-      if (k.find("LayerNorm.weight") != std::string::npos)
+      if (k.find("LayerNorm.weight") != std::string::npos ||
+          k.find("layer_norm.weight") != std::string::npos)
         p.value().fill_(1.0);
       else if (k.size() >= 4 && k.substr(k.size() - 4) == "bias")
         p.value().zero_();
@@ -294,11 +341,12 @@ class BertModelImpl : public PretrainedModelImpl {
  private:
   BertConfig c_;
   Head head_;
+  std::string root_;  // "bert" or "roberta"
   ModelSummary summary_;
   torch::nn::Embedding word_{nullptr}, pos_{nullptr}, type_{nullptr};
   LayerNorm emb_norm_{nullptr};
   std::vector<std::shared_ptr<BertLayerImpl>> layers_;
-  Linear pooler_{nullptr}, classifier_{nullptr}, mlm_dense_{nullptr};
+  Linear pooler_{nullptr}, classifier_{nullptr}, mlm_dense_{nullptr}, cls_dense_{nullptr};
   LayerNorm mlm_norm_{nullptr};
   torch::Tensor mlm_bias_;
 };
@@ -319,6 +367,24 @@ ModelPtr make_bert(const JsonFields& config, Head head) {
                   {Head::kSequenceClassification, "BertForSequenceClassification"},
                   {Head::kMaskedLM, "BertForMaskedLM"}});
   auto model = std::make_shared<BertModelImpl>(BertConfig::from_json(config), head);
+  model->set_config_json(config_with_architecture(config, architecture));
+  return model;
+}
+
+Head roberta_head_from_config(const JsonFields& config) {
+  const std::string arch = first_architecture(config);
+  if (arch == "RobertaForSequenceClassification") return Head::kSequenceClassification;
+  if (arch == "RobertaForMaskedLM") return Head::kMaskedLM;
+  return Head::kBase;
+}
+
+ModelPtr make_roberta(const JsonFields& config, Head head) {
+  const std::string architecture =
+      head_class("RoBERTa", head,
+                 {{Head::kBase, "RobertaModel"},
+                  {Head::kSequenceClassification, "RobertaForSequenceClassification"},
+                  {Head::kMaskedLM, "RobertaForMaskedLM"}});
+  auto model = std::make_shared<BertModelImpl>(BertConfig::from_json(config, true), head);
   model->set_config_json(config_with_architecture(config, architecture));
   return model;
 }
@@ -363,6 +429,46 @@ const Architecture& bert_architecture() {
     t.pretrain_config = bert_pretrain_config;
     t.default_head = bert_head_from_config;
     t.make = make_bert;
+    return t;
+  }();
+  return a;
+}
+
+namespace {
+
+nlohmann::json roberta_pretrain_config(const PretrainShape& s) {
+  const int64_t pad = s.pad.value_or(1);
+  return {{"model_type", "roberta"},
+          {"architectures", {"RobertaForMaskedLM"}},
+          {"vocab_size", s.vocab_size},
+          {"hidden_size", s.hidden},
+          {"num_hidden_layers", s.layers},
+          {"num_attention_heads", s.heads},
+          {"intermediate_size", s.intermediate},
+          {"max_position_embeddings", s.max_positions + pad + 1},  // positions start at pad + 1
+          {"type_vocab_size", 1},
+          {"hidden_act", "gelu"},
+          {"hidden_dropout_prob", 0.1},
+          {"attention_probs_dropout_prob", 0.1},
+          {"layer_norm_eps", 1e-5},
+          {"initializer_range", 0.02},
+          {"pad_token_id", pad},
+          {"bos_token_id", s.bos.value_or(0)},
+          {"eos_token_id", s.eos.value_or(2)}};
+}
+
+}  // namespace
+
+const Architecture& roberta_architecture() {
+  static const Architecture a = [] {
+    Architecture t = bert_architecture();
+    t.model_type = "roberta";
+    t.display_name = "RoBERTa";
+    t.class_prefixes = {"Roberta"};
+    t.pretrained_head_prefixes = {"roberta.pooler.", "lm_head."};
+    t.pretrain_config = roberta_pretrain_config;
+    t.default_head = roberta_head_from_config;
+    t.make = make_roberta;
     return t;
   }();
   return a;

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "emoe/models/activation.h"
 
@@ -53,6 +54,10 @@ class FfnSlot {
   // Hidden activations after the nonlinearity (and gate product): [.., d_ff]. Runs through the
   // layer's Linear modules, so PEFT adapters on them apply.
   virtual torch::Tensor ffn_hidden(const torch::Tensor& x) = 0;
+  // The input projections before the nonlinearity, also through the layer's Linear modules:
+  // {w_in x + b_in, w_up x} (the second undefined unless gated). Plugs that change what happens
+  // between them and the activation (pre-activation dropout) start here.
+  virtual std::pair<torch::Tensor, torch::Tensor> ffn_preactivation(const torch::Tensor& x) = 0;
   // w_out h + b_out through the output Linear module.
   virtual torch::Tensor ffn_output(const torch::Tensor& h) = 0;
   virtual FfnView ffn_view() = 0;

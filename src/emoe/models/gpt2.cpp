@@ -103,6 +103,9 @@ class Gpt2BlockImpl : public torch::nn::Module, public FfnSlot {
   }
 
   torch::Tensor ffn_hidden(const torch::Tensor& x) override { return activate(c_fc_(x), act_); }
+  std::pair<torch::Tensor, torch::Tensor> ffn_preactivation(const torch::Tensor& x) override {
+    return {c_fc_(x), torch::Tensor()};
+  }
   torch::Tensor ffn_output(const torch::Tensor& h) override { return mlp_proj_(h); }
   FfnView ffn_view() override {
     FfnView v;

@@ -225,6 +225,9 @@ class LlamaLayerImpl : public torch::nn::Module, public FfnSlot {
   torch::Tensor ffn_hidden(const torch::Tensor& x) override {
     return activate(gate_(x), act_) * up_(x);
   }
+  std::pair<torch::Tensor, torch::Tensor> ffn_preactivation(const torch::Tensor& x) override {
+    return {gate_(x), up_(x)};
+  }
   torch::Tensor ffn_output(const torch::Tensor& h) override { return down_(h); }
   FfnView ffn_view() override {
     FfnView v;

@@ -124,20 +124,6 @@ at::Tensor t5_shift_right(const at::Tensor& labels, int64_t decoder_start_token_
 
 namespace {
 
-// Hugging Face's mask value, torch.finfo(dtype).min.
-at::Scalar t5_mask_value(at::ScalarType t) {
-  switch (t) {
-    case at::kBFloat16:
-      return at::Scalar(static_cast<float>(std::numeric_limits<c10::BFloat16>::lowest()));
-    case at::kHalf:
-      return at::Scalar(-65504.0f);
-    case at::kDouble:
-      return at::Scalar(std::numeric_limits<double>::lowest());
-    default:
-      return at::Scalar(std::numeric_limits<float>::lowest());
-  }
-}
-
 // T5Block keeps float16 activations finite (Hugging Face clamps after every sub-layer).
 torch::Tensor t5_clamp_fp16(const torch::Tensor& h) {
   if (h.scalar_type() != torch::kHalf) return h;
@@ -264,6 +250,9 @@ class T5BlockImpl : public torch::nn::Module, public FfnSlot {
     auto h = activate(wi_(x), c_.act);
     return wi_up_ ? h * wi_up_(x) : h;
   }
+  std::pair<torch::Tensor, torch::Tensor> ffn_preactivation(const torch::Tensor& x) override {
+    return {wi_(x), wi_up_ ? wi_up_(x) : torch::Tensor()};
+  }
   // Hugging Face's dropout between the activation and wo lives here, so plugs keep it.
   torch::Tensor ffn_output(const torch::Tensor& h) override {
     return wo_(emoe::dropout(h, c_.dropout_rate, is_training()));
@@ -339,13 +328,13 @@ class T5StackImpl : public torch::nn::Module {
                     .position_bias(past, t, past + t, !decoder_)
                     .to(x.scalar_type());
     auto blocked = build_block_mask(mask, t, past + t, /*causal=*/decoder_, dev);
-    if (blocked.defined()) bias = bias.masked_fill(blocked, t5_mask_value(bias.scalar_type()));
+    if (blocked.defined()) bias = bias.masked_fill(blocked, lowest_value(bias.scalar_type()));
     torch::Tensor cross_bias;
     if (decoder_ && encoder_mask.defined()) {
       auto m = encoder_mask.to(dev);
       cross_bias = torch::zeros({m.size(0), 1, 1, m.size(1)}, x.options())
                        .masked_fill((m == 0).view({m.size(0), 1, 1, m.size(1)}),
-                                    t5_mask_value(x.scalar_type()));
+                                    lowest_value(x.scalar_type()));
     }
     torch::Tensor token_mask;
     if (mask.defined()) token_mask = mask.to(dev).narrow(1, mask.size(1) - t, t);

@@ -96,10 +96,9 @@ torch::Tensor ExpertFfnImpl::compute(const torch::Tensor& x, const Routing& r, F
 }
 
 std::string ExpertFfnImpl::bypasses_linear(bool input_side) const {
+  (void)input_side;  // masked execution runs both sides through the layer's Linear modules
   if (cfg_.execution == Execution::kDispatched)
     return "dispatched execution computes the FFN from raw weights";
-  if (input_side && cfg_.preact_dropout > 0)
-    return "pre-activation dropout computes the FFN input projection from raw weights";
   return "";
 }
 
@@ -108,10 +107,10 @@ torch::Tensor ExpertFfnImpl::compute_masked(const torch::Tensor& x, const Routin
   const int64_t n = x.size(0), e = cfg_.experts;
   torch::Tensor h;
   if (cfg_.preact_dropout > 0 && is_training()) {
-    auto v = slot.ffn_view();
-    auto pre = emoe::dropout(emoe::linear(x, v.w_in, v.b_in), cfg_.preact_dropout, true);
-    h = activate(pre, v.act);
-    if (v.gated()) h = h * emoe::linear(x, v.w_up, {});
+    // through the layer's own Linear modules, so adapters on them still apply
+    auto [pre, up] = slot.ffn_preactivation(x);
+    h = activate(emoe::dropout(pre, cfg_.preact_dropout, true), slot.ffn_view().act);
+    if (up.defined()) h = h * up;
   } else {
     h = slot.ffn_hidden(x);
   }
