@@ -199,3 +199,27 @@ TEST(Train, NonFiniteStepsAreSkippedByPolicy) {
   EXPECT_THROW(tiny_run(stories, "full", tmp.file("x"), {"train.nonfinite=ignore"}).validate(),
                emoe::InputError);
 }
+
+TEST(TrainE2E, OwnDatasetNeedsNoGlueTask) {
+  EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
+  emoe::test::TempDir tmp;
+  fs::create_directories(tmp.file("reviews"));
+  for (const char* split : {"train", "dev"}) {
+    std::ofstream out(tmp.file(std::string("reviews/") + split + ".tsv"));
+    out << "sentence\tlabel\n";
+    for (int i = 0; i < 12; ++i)
+      out << (i % 2 ? "a fine and lovely film" : "a dull and tiresome film") << " " << i << "\t"
+          << (i % 2 ? "pos" : "neg") << "\n";
+  }
+  auto cfg = emoe::load_run_config(
+      "", {"model=" + bert,
+           "dataset={train: " + tmp.file("reviews/train.tsv") +
+               ", dev: " + tmp.file("reviews/dev.tsv") + ", labels: [neg, pos]}",
+           "output=" + tmp.file("run"), "train.batch_size=4", "train.epochs=1",
+           "train.max_length=16", "train.log_every=1"});
+  EXPECT_EQ(cfg.task, "reviews");
+  EXPECT_EQ(emoe::dataset_name("data/sentiment.csv"), "sentiment");
+  auto r = emoe::run_training(cfg, false);
+  EXPECT_TRUE(r.results["best"]["dev"]["metrics"].contains("accuracy")) << r.results.dump();
+  EXPECT_TRUE(fs::exists(tmp.file("run/model/config.json")));
+}

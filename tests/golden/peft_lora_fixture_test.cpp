@@ -1,5 +1,6 @@
 // LoRA against peft 0.5.0 (fixtures/lora): unmerged and merged outputs, merged weights, our files.
 #include <fstream>
+#include <set>
 
 #include "emoe/io/safetensors.h"
 #include "emoe/models/loader.h"
@@ -136,4 +137,45 @@ TEST(LoraFixture, BertModel) {
 TEST(LoraFixture, BertSequenceClassification) {
   EMOE_REQUIRE_SHARED(root, "fixtures/lora/bert_seqcls_lora");
   lora_check_fixture(root);
+}
+
+// An adapter must rebuild our model on the base checkpoint as PEFT does: bert-mini has no
+// pooler, so the run initialises one; a LayerNorm trained through also_train changes too. Both
+// go into the file as modules_to_save, and nothing the run left equal to the base does.
+TEST(LoraAdapterFile, CarriesEveryModuleTheRunChangedOutsideTheAdapters) {
+  EMOE_REQUIRE_SHARED(dir, "models/bert-mini");
+  emoe::LoadOptions lo;
+  lo.head = emoe::Head::kSequenceClassification;
+  lo.num_labels = 2;
+  lo.allow_new_head = true;
+  torch::manual_seed(1);
+  auto model = emoe::load_model(dir, lo);
+  ASSERT_TRUE(model->named_parameters().contains("bert.pooler.dense.weight"));
+  auto cfg = emoe::PeftConfig::for_method(emoe::PeftMethod::kLora, "bert");
+  emoe::apply_peft(*model, cfg);
+  emoe::select_trainable(*model, cfg, {"LayerNorm"});
+  {
+    torch::NoGradGuard g;
+    for (auto& p : model->named_parameters()) {
+      if (p.key().find("lora_B") != std::string::npos) p.value().fill_(0.05);
+      if (p.key() == "bert.encoder.layer.0.output.LayerNorm.weight") p.value().add_(0.1);
+    }
+  }
+  emoe::test::TempDir tmp;
+  emoe::save_peft_adapter(*model, cfg, tmp.path(), dir);
+  auto j = nlohmann::json::parse(std::ifstream(tmp.file("adapter_config.json")));
+  std::set<std::string> saved(j["modules_to_save"].begin(), j["modules_to_save"].end());
+  EXPECT_EQ(saved,
+            (std::set<std::string>{"bert.encoder.layer.0.output.LayerNorm", "bert.pooler.dense"}))
+      << j["modules_to_save"];
+
+  torch::manual_seed(2);  // another fresh pooler and classifier, as a new PEFT user would get
+  auto rebuilt = emoe::load_model(dir, lo);
+  emoe::load_peft_adapter(*rebuilt, tmp.path());
+  model->eval();
+  rebuilt->eval();
+  emoe::ModelInputs in;
+  in.input_ids = torch::randint(5, 100, {2, 9}, torch::kLong);
+  torch::NoGradGuard g;
+  EXPECT_LT(emoe::test::max_abs_diff(rebuilt->forward(in).logits, model->forward(in).logits), 1e-6);
 }

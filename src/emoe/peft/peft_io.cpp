@@ -74,6 +74,53 @@ std::vector<std::string> peft_targets_for_file(PretrainedModelImpl& model,
   return adapted;
 }
 
+// What the run changed outside the adapters and the SEQ_CLS head — a head part initialised here
+// (BERT's pooler when the checkpoint has none) or trained through also_train — as PEFT's
+// modules_to_save: their modules (Hugging Face paths), with their tensors added to `tensors`,
+// so that PEFT's model built from the base checkpoint equals ours. A parameter equal to the base
+// checkpoint's stays out; without a readable base nothing can be told apart (a warning, none).
+std::vector<std::string> peft_changed_modules(
+    PretrainedModelImpl& model, const std::string& base_model_path,
+    std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+  std::set<const c10::TensorImpl*> adapter_params;
+  for (const auto& l : named_linears(model))
+    if (l.linear->adapter())
+      for (const auto& p : l.linear->adapter()->parameters(/*recurse=*/true))
+        adapter_params.insert(p.unsafeGetTensorImpl());
+  std::unique_ptr<CheckpointReader> base;
+  std::map<std::string, std::string> base_key;  // module key -> the base file's key
+  try {
+    base = std::make_unique<CheckpointReader>(base_model_path);
+    for (const auto& name : base->names())
+      if (auto mk = model.module_key(name); !mk.empty()) base_key[mk] = name;
+  } catch (const std::exception& e) {
+    spdlog::warn(
+        "{}: cannot read the base checkpoint ({}), so the adapter holds no "
+        "modules_to_save: parts the run changed outside the adapters (a new pooler, "
+        "also_train) are not in it",
+        base_model_path, e.what());
+    return {};
+  }
+  // frozen embeddings say select_trainable ran: then requires_grad marks what trained
+  const bool selected = !model.input_embeddings().requires_grad();
+  std::set<std::string> modules;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    const auto& k = p.key();
+    const auto& v = p.value();
+    if (adapter_params.count(v.unsafeGetTensorImpl()) || peft_is_seqcls_head(k)) continue;
+    if (!model.is_head_key(k) && !(selected && v.requires_grad())) continue;
+    auto it = base_key.find(k);
+    if (base && it != base_key.end()) {
+      auto ref = base->load(it->second, v.scalar_type());
+      if (ref.sizes() == v.sizes() && torch::equal(ref, v.detach().to(torch::kCPU))) continue;
+    }
+    const std::string path = model.file_key(k);
+    tensors.emplace_back(kPeftKeyPrefix + path, v.detach());
+    modules.insert(path.substr(0, path.rfind('.')));
+  }
+  return {modules.begin(), modules.end()};
+}
+
 nlohmann::json peft_number_json(double v) {
   // PEFT writes integer alphas as integers (lora_alpha: 8)
   if (v == static_cast<double>(static_cast<int64_t>(v))) return static_cast<int64_t>(v);
@@ -125,28 +172,19 @@ void save_peft_adapter(PretrainedModelImpl& model, const PeftConfig& cfg, const 
              to_string(cfg.method));
 
   const auto& summary = model.summary();
-  if (summary.head == Head::kSequenceClassification) {
-    // Frozen embeddings say select_trainable ran: a head part it trains (BERT's pooler) that
-    // PEFT's format does not carry deserves a warning.
-    const bool selected = !model.input_embeddings().requires_grad();
-    for (const auto& p : model.named_parameters(/*recurse=*/true)) {
-      const auto& k = p.key();
-      if (peft_is_seqcls_head(k))
-        tensors.emplace_back(kPeftKeyPrefix + model.file_key(k), p.value().detach());
-      else if (selected && model.is_head_key(k) && p.value().requires_grad())
-        spdlog::warn(
-            "{}: trained head parameter {} is not part of a PEFT SEQ_CLS adapter (PEFT "
-            "stores the classifier only); save the whole model to keep it",
-            dir, k);
-    }
-  }
+  if (summary.head == Head::kSequenceClassification)
+    for (const auto& p : model.named_parameters(/*recurse=*/true))
+      if (peft_is_seqcls_head(p.key()))
+        tensors.emplace_back(kPeftKeyPrefix + model.file_key(p.key()), p.value().detach());
+  const auto saved_modules = peft_changed_modules(model, base_model_path, tensors);
 
   nlohmann::json j;
   j["auto_mapping"] = nullptr;
   j["base_model_name_or_path"] = base_model_path;
   j["fan_in_fan_out"] = conv1d;
   j["inference_mode"] = true;
-  j["modules_to_save"] = nullptr;
+  j["modules_to_save"] =
+      saved_modules.empty() ? nlohmann::json(nullptr) : nlohmann::json(saved_modules);
   j["revision"] = nullptr;
   j["task_type"] = peft_task_type(summary.head);
   auto wanted = cfg.targets.empty() ? default_targets(cfg.method, summary.model_type) : cfg.targets;

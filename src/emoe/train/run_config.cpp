@@ -466,6 +466,17 @@ nlohmann::json RunConfig::to_json() const {
   return out;
 }
 
+// "reviews" for reviews/train.tsv or reviews.tsv: the file's name, or its folder's when the file
+// is called train.
+std::string dataset_name(const std::string& train_file) {
+  const std::filesystem::path p(train_file);
+  const std::string stem = p.stem().string();
+  const std::string folder = p.parent_path().filename().string();
+  if ((stem == "train" || stem == "training") && !folder.empty() && folder != "." && folder != "..")
+    return folder;
+  return stem.empty() ? "dataset" : stem;
+}
+
 RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where) {
   RunConfig c;
   Reader r(j, where);
@@ -519,6 +530,8 @@ RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where
   c.train.schedule = parse_schedule(schedule);
   c.train.nonfinite = parse_nonfinite(nonfinite);
   c.train.precision = parse_option(kPrecisionNames, precision, "train.precision");
+  // a run on the user's own files needs no GLUE task: it is named after its data
+  if (c.task.empty() && !c.dataset.empty()) c.task = dataset_name(c.dataset.train);
   return c;
 }
 

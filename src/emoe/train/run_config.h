@@ -121,6 +121,9 @@ struct RunConfig {
   void validate() const;
 };
 
+// The name of a `dataset:` run without a `task:` ("reviews" for reviews/train.tsv or reviews.tsv).
+std::string dataset_name(const std::string& train_file);
+
 // YAML (or JSON) file -> config, with `key=value` overrides applied on top ("train.lr=3e-5",
 // "moe.layers=[2,3]", "method=lora"). Errors name the file and the key.
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
