@@ -40,6 +40,23 @@ TEST(RunConfig, YamlThenOverridesThenValidation) {
   EXPECT_NE(msg({"method=magic"}).find("method: expected one of"), std::string::npos);
   EXPECT_NE(msg({"train.lr=-1"}).find("train.lr: expected > 0"), std::string::npos);
   EXPECT_NE(msg({"moe.expertz=3"}).find("unknown key 'expertz'"), std::string::npos);
+  // values that crashed, hung or were silently changed (issue 25): one line naming the field
+  for (const auto& [set, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"train.log_every=0", "train.log_every: expected [1, inf), got 0"},
+           {"threads=100000", "threads: expected [0, 4096], got 100000"},
+           {"threads=-1", "threads: expected [0, 4096], got -1"},
+           {"train.weight_decay=-0.1", "train.weight_decay: expected [0, inf)"},
+           {"train.adam_beta1=1.5", "train.adam_beta1: expected [0, 1), got 1.5"},
+           {"train.adam_eps=-1", "train.adam_eps: expected (0, 1], got -1"},
+           {"train.max_steps=-3", "train.max_steps: expected [0, inf)"},
+           {"train.warmup_steps=-1", "train.warmup_steps"},
+           {"train.early_stopping=-1", "train.early_stopping"},
+           {"train.save_every=-5", "train.save_every"},
+           {"train.head_lr=-1", "train.head_lr"},
+           {"train.lr=.nan", "train.lr: expected a number"},
+           {"train.epochs=1.7", ".train.epochs: expected an integer, got 1.7"},
+           {"train.seed=-1", ".train.seed: expected"}})
+    EXPECT_NE(msg({set}).find(expect), std::string::npos) << set << ": " << msg({set});
   EXPECT_THROW(emoe::load_run_config(tmp.file("run.yaml"), {"novalue"}), emoe::UsageError);
   std::ofstream(tmp.file("bad.yaml")) << "model: [unclosed\n";
   EXPECT_THROW(emoe::load_run_config(tmp.file("bad.yaml")), emoe::InputError);

@@ -132,11 +132,15 @@ class Reader {
       // A float beyond T's range (1e300) cannot be converted (undefined behaviour): refused.
       const auto& v = j_[key];
       if (v.is_number_float()) {
+        // nor is a fraction: epochs=1.7 is not 1 epoch
         const double d = v.get<double>();
         EMOE_CHECK(d >= static_cast<double>(std::numeric_limits<T>::min()) &&
-                       d < std::ldexp(1.0, std::numeric_limits<T>::digits),
+                       d < std::ldexp(1.0, std::numeric_limits<T>::digits) && d == std::trunc(d),
                    InputError, "{}.{}: expected {}, got {}", where_, key, kind<T>(), v.dump());
       }
+      // a negative number for an unsigned field (seed) would wrap around
+      EMOE_CHECK(std::is_signed_v<T> || !(v.is_number_integer() && v.get<int64_t>() < 0),
+                 InputError, "{}.{}: expected {}, got {}", where_, key, kind<T>(), v.dump());
     }
     try {
       out = j_[key].get<T>();
@@ -160,6 +164,8 @@ class Reader {
   static const char* kind() {
     if constexpr (std::is_same_v<T, bool>)
       return "true or false";
+    else if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T>)
+      return "a non-negative integer";
     else if constexpr (std::is_integral_v<T>)
       return "an integer";
     else if constexpr (std::is_floating_point_v<T>)
@@ -595,7 +601,41 @@ void RunConfig::validate() const {
       !(method == "emoe" || method == "emoe+lora" || method == "emoe-learn"))
     bad("ablation", "train-moe-eval-dense needs an EMoE method (emoe, emoe+lora, emoe-learn)");
   const auto& t = train;
-  if (t.lr <= 0) bad("train.lr", fmt::format("expected > 0, got {}", t.lr));
+  if (!(t.lr > 0) || !std::isfinite(t.lr))
+    bad("train.lr", fmt::format("expected > 0 (and finite), got {}", t.lr));
+  // one table of the remaining numeric ranges: a value outside them is refused before anything
+  // is written (log_every 0 divided by zero; threads without bound started that many threads)
+  struct Range {
+    const char* key;
+    double value, min, max;
+    bool min_open, max_open;
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  const Range ranges[] = {
+      {"train.head_lr", t.head_lr, 0, inf, false, true},
+      {"train.router_lr", t.router_lr, 0, inf, false, true},
+      {"train.weight_decay", t.weight_decay, 0, inf, false, true},
+      {"train.adam_beta1", t.adam_beta1, 0, 1, false, true},
+      {"train.adam_beta2", t.adam_beta2, 0, 1, false, true},
+      {"train.adam_eps", t.adam_eps, 0, 1, true, false},
+      {"train.max_steps", static_cast<double>(t.max_steps), 0, inf, false, true},
+      {"train.warmup_steps", static_cast<double>(t.warmup_steps), 0, inf, false, true},
+      {"train.early_stopping", static_cast<double>(t.early_stopping), 0, inf, false, true},
+      {"train.max_train_examples", static_cast<double>(t.max_train_examples), 0, inf, false, true},
+      {"train.max_eval_examples", static_cast<double>(t.max_eval_examples), 0, inf, false, true},
+      {"train.log_every", static_cast<double>(t.log_every), 1, inf, false, true},
+      {"train.save_every", static_cast<double>(t.save_every), 0, inf, false, true},
+      {"train.stop_after_steps", static_cast<double>(t.stop_after_steps), 0, inf, false, true},
+      {"threads", static_cast<double>(threads), 0, 4096, false, false},
+  };
+  for (const auto& r : ranges) {
+    const bool low = r.min_open ? !(r.value > r.min) : !(r.value >= r.min);
+    const bool high = r.max_open ? !(r.value < r.max) : !(r.value <= r.max);
+    if (low || high || std::isnan(r.value))
+      bad(r.key, fmt::format("expected {}{}, {}{}, got {}", r.min_open ? "(" : "[", r.min,
+                             r.max == inf ? "inf" : fmt::format("{}", r.max),
+                             r.max_open ? ")" : "]", r.value));
+  }
   if (t.batch_size < 1) bad("train.batch_size", fmt::format("expected >= 1, got {}", t.batch_size));
   if (t.eval_batch_size < 1) bad("train.eval_batch_size", "expected >= 1");
   if (t.grad_accum < 1) bad("train.grad_accum", fmt::format("expected >= 1, got {}", t.grad_accum));
