@@ -200,9 +200,15 @@ void register_bench(CLI::App& app) {
                   "Comma-separated: dense, lora, ia3, mov, molora, emoe, emoe-dispatched, "
                   "emoe+lora, emoe-learn, gmoe")
       ->capture_default_str();
-  cmd->add_option("--batch", a->batch, "Sequences per batch")->capture_default_str();
-  cmd->add_option("--seq", a->seq, "Tokens per sequence")->capture_default_str();
-  cmd->add_option("--steps", a->steps, "Timed steps (after one warm-up)")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "Sequences per batch")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--seq", a->seq, "Tokens per sequence")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--steps", a->steps, "Timed steps (after one warm-up)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--experts", a->experts,
                   "MoE experts (default: the largest divisor of d_ff <= 16; GMoE 4)");
   cmd->add_option("--topk", a->topk, "MoE k (default: N/4; GMoE 2)");

@@ -1,6 +1,7 @@
 // `emoe eval MODEL_DIR --task T [--ood SET ...]`: evaluate a sequence classifier on dev and
 // out-of-domain sets.
 #include <iostream>
+#include <limits>
 
 #include "commands.h"
 #include "emoe/core/error.h"
@@ -74,10 +75,14 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--split", a->split, "Split of the task")->capture_default_str();
   cmd->add_option("--ood", a->ood, "Out-of-domain sets (or 'all')");
   cmd->add_option("--data-dir", a->data_dir, "Folder with glue/ and ood/")->capture_default_str();
-  cmd->add_option("--max-examples", a->max_examples, "Evaluate at most N examples per set");
-  cmd->add_option("--batch-size", a->batch_size, "Batch size")->capture_default_str();
+  cmd->add_option("--max-examples", a->max_examples, "Evaluate at most N examples per set")
+      ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+  cmd->add_option("--batch-size", a->batch_size, "Batch size")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--max-length", a->max_length, "Truncate inputs to N tokens")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   cmd->add_flag("--dense", a->dense,
                 "Run a converted model's FFNs dense (the MoE -> dense ablation)");
   cmd->add_flag("--json", a->json, "Print JSON");

@@ -66,7 +66,8 @@ void register_tokenize(CLI::App& app) {
   cmd->add_option("DIR", a->dir, "Model or tokenizer folder")->required();
   cmd->add_flag("--pair", a->pair, "Each line is a tab-separated sentence pair");
   cmd->add_flag("--no-special", a->no_special, "Do not add the template's special tokens");
-  cmd->add_option("--max-length", a->max_length, "Truncate to this many ids (0 = no limit)");
+  cmd->add_option("--max-length", a->max_length, "Truncate to this many ids (0 = no limit)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   cmd->add_flag("--decode", a->decode, "Read JSON id arrays, print decoded text as JSON strings");
   cmd->add_flag("--skip-special", a->skip_special, "With --decode: drop special tokens");
   cmd->callback([a] { run_tokenize(*a); });

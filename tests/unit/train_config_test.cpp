@@ -55,7 +55,8 @@ TEST(RunConfig, YamlThenOverridesThenValidation) {
            {"train.head_lr=-1", "train.head_lr"},
            {"train.lr=.nan", "train.lr: expected a number"},
            {"train.epochs=1.7", ".train.epochs: expected an integer, got 1.7"},
-           {"train.seed=-1", ".train.seed: expected"}})
+           {"train.seed=-1", ".train.seed: expected"},
+           {"moe.layers=[1,1]", ".moe.layers: layer 1 is listed twice"}})
     EXPECT_NE(msg({set}).find(expect), std::string::npos) << set << ": " << msg({set});
   EXPECT_THROW(emoe::load_run_config(tmp.file("run.yaml"), {"novalue"}), emoe::UsageError);
   std::ofstream(tmp.file("bad.yaml")) << "model: [unclosed\n";

@@ -291,6 +291,10 @@ MoeConfig read_moe(Reader& r, const std::string& method, const std::string& wher
         if (!m->contains(k)) merged[k] = t[k];
     }
     moe = MoeConfig::from_json(JsonFields(merged, where + ".moe"));
+    std::set<int64_t> seen;
+    for (auto l : moe.layers)  // converted twice would make a model info and eval refuse
+      EMOE_CHECK(seen.insert(l).second, InputError, "{}.moe.layers: layer {} is listed twice",
+                 where, l);
   }
   return moe;
 }
