@@ -122,7 +122,18 @@ void start_train_process(TrainContext& c, const DistOptions& dist) {
                dist.world_size, dist.master_addr, dist.master_port, threads);
 }
 
-void check_resume(const TrainContext& c, bool resume) {
+namespace {
+
+// One run per folder: a second writer stops before it reads or writes anything there.
+void lock_run_folder(TrainContext& c) {
+  if (c.main_rank() && !c.lock && fs::is_directory(c.dir))
+    c.lock = std::make_unique<FolderLock>(c.dir);
+}
+
+}  // namespace
+
+void check_resume(TrainContext& c, bool resume) {
+  lock_run_folder(c);
   const bool has_checkpoint = !latest_checkpoint(c.dir).empty();
   EMOE_CHECK(resume || !has_checkpoint, UsageError,
              "{}: already holds a run (checkpoints/); pass --resume to continue it or choose "
@@ -166,6 +177,7 @@ void prepare_run(TrainContext& c) {
     std::error_code ec;
     fs::create_directories(c.dir, ec);
     EMOE_CHECK(!ec, RuntimeError, "{}: cannot create the run folder: {}", c.dir, ec.message());
+    lock_run_folder(c);
     write_text_atomic((fs::path(c.dir) / "config.json").string(), c.cfg.to_json().dump(2) + "\n");
   }
   const auto& s = c.model->summary();

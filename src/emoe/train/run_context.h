@@ -9,6 +9,7 @@
 #include "emoe/dist/communicator.h"
 #include "emoe/dist/grad_sync.h"
 #include "emoe/eval/evaluate.h"
+#include "emoe/io/folder_lock.h"
 #include "emoe/models/model.h"
 #include "emoe/moe/convert.h"
 #include "emoe/peft/peft.h"
@@ -32,6 +33,7 @@ struct TrainContext {
   MoeState moe;
   PeftConfig peft;
   std::unique_ptr<Communicator> comm;  // data-parallel runs only
+  std::unique_ptr<FolderLock> lock;    // the run folder, held by the main rank while it runs
   bool main_rank() const { return comm == nullptr || comm->rank() == 0; }
   EvalShard shard() const {
     EvalShard s;
@@ -45,8 +47,9 @@ struct TrainContext {
 
 // Threads and, with dist.world_size > 1, this process's place in the data-parallel job.
 void start_train_process(TrainContext& c, const DistOptions& dist);
-// A run folder with checkpoints is continued only with --resume, and only with its own config.
-void check_resume(const TrainContext& c, bool resume);
+// A run folder with checkpoints is continued only with --resume, and only with its own config;
+// an existing folder is locked first (one run per folder).
+void check_resume(TrainContext& c, bool resume);
 // Data-parallel runs: rank 0's weights broadcast to every rank, and the sync that averages the
 // gradients over the ranks; nullptr otherwise.
 std::unique_ptr<GradientSync> start_gradient_sync(TrainContext& c, Optimizer& opt);
