@@ -4,11 +4,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "emoe/core/error.h"
 #include "support/test_support.h"
 
 // One writer per folder: a second process is refused with the holder's pid; the lock goes with
-// its holder (also when the holder dies: the kernel drops a flock with the process).
+// its holder (also when the holder dies: the kernel drops a flock with the process). Taking it
+// writes nothing into the folder.
 TEST(FolderLock, ASecondProcessIsRefusedWithTheHoldersPid) {
   emoe::test::TempDir tmp;
   auto try_in_child = [&] {
@@ -33,7 +36,15 @@ TEST(FolderLock, ASecondProcessIsRefusedWithTheHoldersPid) {
   };
   {
     emoe::FolderLock first(tmp.path());
+    first.record_pid();
     EXPECT_EQ(try_in_child(), 2) << "the second writer must be refused, naming the first's pid";
+  }
+  {
+    emoe::test::TempDir empty;
+    const auto before = std::filesystem::last_write_time(empty.path());
+    emoe::FolderLock lock(empty.path());
+    EXPECT_EQ(std::filesystem::last_write_time(empty.path()), before);
+    EXPECT_TRUE(std::filesystem::is_empty(empty.path()));
   }
   EXPECT_EQ(try_in_child(), 0) << "released with its holder";
 }

@@ -1,4 +1,4 @@
-// flock-based folder lock with the holder's pid in the lock file.
+// flock on a directory, with the holder's pid in DIR/.emoe.lock for the second writer's message.
 #include "emoe/io/folder_lock.h"
 
 #include <fcntl.h>
@@ -7,38 +7,37 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include "emoe/core/error.h"
+#include "emoe/io/atomic_file.h"
 
 namespace emoe {
 
-FolderLock::FolderLock(const std::string& dir) {
-  const std::string path = dir + "/.emoe.lock";
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  EMOE_CHECK(fd_ >= 0, RuntimeError, "{}: cannot open the folder's lock file: {}", path,
+FolderLock::FolderLock(const std::string& dir) : dir_(dir) {
+  fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  EMOE_CHECK(fd_ >= 0, RuntimeError, "{}: cannot open the folder to lock it: {}", dir,
              std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    char buf[32] = {0};
-    const auto n = ::pread(fd_, buf, sizeof(buf) - 1, 0);
-    ::close(fd_);
-    fd_ = -1;
-    const std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "unknown";
-    EMOE_CHECK(err != EWOULDBLOCK, UsageError,
-               "{}: another emoe process (pid {}) is writing to this folder; wait for it to "
-               "finish or choose another output",
-               dir, holder.substr(0, holder.find('\n')));
-    EMOE_THROW(RuntimeError, "{}: cannot lock: {}", path, std::strerror(err));
-  }
-  const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
-    // the pid only helps the message of a second writer: the lock itself holds
-  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+  const int err = errno;
+  ::close(fd_);
+  fd_ = -1;
+  EMOE_CHECK(err == EWOULDBLOCK, RuntimeError, "{}: cannot lock: {}", dir, std::strerror(err));
+  std::string pid;
+  std::ifstream(dir + "/.emoe.lock") >> pid;
+  EMOE_THROW(UsageError,
+             "{}: another emoe process{} is writing to this folder; wait for it to finish or "
+             "choose another output",
+             dir, pid.empty() ? "" : " (pid " + pid + ")");
 }
 
 FolderLock::~FolderLock() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+void FolderLock::record_pid() const {
+  write_text_atomic(dir_ + "/.emoe.lock", std::to_string(::getpid()) + "\n");
 }
 
 }  // namespace emoe

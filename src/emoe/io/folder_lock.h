@@ -7,14 +7,20 @@ namespace emoe {
 
 class FolderLock {
  public:
-  // Takes the lock file `dir`/.emoe.lock (flock, released by the kernel when the holder dies);
-  // UsageError naming the holder's pid when another process holds it.
+  // Locks the folder itself (flock on the directory, released by the kernel when the holder
+  // dies; nothing is written, so a refused command leaves the folder as it was). UsageError
+  // naming the holder (its pid, when it recorded one) when another process holds it.
   explicit FolderLock(const std::string& dir);
   ~FolderLock();
   FolderLock(const FolderLock&) = delete;
   FolderLock& operator=(const FolderLock&) = delete;
 
+  // Writes this process's pid to DIR/.emoe.lock for a second writer's message (call once the
+  // command writes to the folder anyway).
+  void record_pid() const;
+
  private:
+  std::string dir_;
   int fd_ = -1;
 };
 

@@ -178,6 +178,7 @@ void prepare_run(TrainContext& c) {
     fs::create_directories(c.dir, ec);
     EMOE_CHECK(!ec, RuntimeError, "{}: cannot create the run folder: {}", c.dir, ec.message());
     lock_run_folder(c);
+    c.lock->record_pid();
     write_text_atomic((fs::path(c.dir) / "config.json").string(), c.cfg.to_json().dump(2) + "\n");
   }
   const auto& s = c.model->summary();
