@@ -11,7 +11,7 @@
 namespace emoe {
 
 struct PretrainConfig {
-  std::string arch = "bert";  // bert | gpt2 | llama | t5
+  std::string arch = "bert";  // any registered model_type (models/architecture.h)
   int64_t hidden = 128, layers = 4, heads = 4, kv_heads = 0, intermediate = 512;
   int64_t max_positions = 128;
   std::string corpus;               // text file, one document per line
