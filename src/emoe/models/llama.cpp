@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "emoe/core/error.h"
@@ -39,13 +40,21 @@ void parse_rope_scaling(const JsonFields& j, LlamaConfig& c) {
   const char* type_key = rs.contains("rope_type") ? "rope_type" : "type";
   if (!rs.contains(type_key) || !rs[type_key].is_string())
     fail("expected \"rope_type\": default, linear, dynamic or llama3");
-  c.rope_type = rs[type_key].get<std::string>();
-  if (c.rope_type == "default") return;
-  if (c.rope_type != "linear" && c.rope_type != "dynamic" && c.rope_type != "llama3")
+  const std::string type = rs[type_key].get<std::string>();
+  using Rope = LlamaConfig::Rope;
+  static const std::pair<const char*, Rope> kTypes[] = {{"default", Rope::kDefault},
+                                                        {"linear", Rope::kLinear},
+                                                        {"dynamic", Rope::kDynamic},
+                                                        {"llama3", Rope::kLlama3}};
+  const auto* known = std::find_if(std::begin(kTypes), std::end(kTypes),
+                                   [&](const auto& t) { return type == t.first; });
+  if (known == std::end(kTypes))
     fail("supported rope types are default, linear, dynamic and llama3");
+  c.rope_type = known->second;
+  if (c.rope_type == Rope::kDefault) return;
   auto number = [&](const char* key, double fallback, bool required) {
     if (!rs.contains(key) || rs[key].is_null()) {
-      if (required) fail(fmt::format("{} scaling needs \"{}\"", c.rope_type, key));
+      if (required) fail(fmt::format("{} scaling needs \"{}\"", type, key));
       return fallback;
     }
     if (!rs[key].is_number()) fail(fmt::format("\"{}\" must be a number", key));
@@ -53,7 +62,7 @@ void parse_rope_scaling(const JsonFields& j, LlamaConfig& c) {
   };
   c.rope_factor = number("factor", 1.0, true);
   if (!(c.rope_factor > 0)) fail("\"factor\" must be > 0");
-  if (c.rope_type == "llama3") {
+  if (c.rope_type == Rope::kLlama3) {
     c.low_freq_factor = number("low_freq_factor", 1.0, true);
     c.high_freq_factor = number("high_freq_factor", 4.0, true);
     c.original_max_position_embeddings =
@@ -151,7 +160,7 @@ LlamaConfig LlamaConfig::from_json(const JsonFields& j, LlamaFamily family) {
 
 at::Tensor LlamaConfig::inv_freq(int64_t max_position, const at::Device& device) const {
   const int64_t d = head_dim();
-  if (rope_type == "dynamic" && max_position + 1 > max_position_embeddings) {
+  if (rope_type == Rope::kDynamic && max_position + 1 > max_position_embeddings) {
     // Hugging Face's dynamic NTK: past max_position_embeddings the base grows with the length
     const double len = static_cast<double>(max_position + 1);
     const double ratio = rope_factor * len / static_cast<double>(max_position_embeddings);
@@ -160,7 +169,7 @@ at::Tensor LlamaConfig::inv_freq(int64_t max_position, const at::Device& device)
     return rope_inv_freq(d, base, device);
   }
   auto inv = rope_inv_freq(d, rope_theta, device);
-  if (rope_type != "llama3") return inv;
+  if (rope_type != Rope::kLlama3) return inv;
   // Llama 3.1: wavelengths above original/low_freq_factor slow down by `factor`, those below
   // original/high_freq_factor stay, and the ones between blend smoothly (as Hugging Face computes)
   const double old_len = static_cast<double>(original_max_position_embeddings);
@@ -313,9 +322,10 @@ class LlamaModelImpl : public PretrainedModelImpl {
     const int64_t b = ids.size(0), t = ids.size(1);
     const int64_t past = in.cache ? in.cache->length() : 0;
     // dynamic RoPE scaling exists to run past max_position_embeddings
-    EMOE_CHECK(past + t <= c_.max_position_embeddings || c_.rope_type == "dynamic", InputError,
-               "input_ids: sequence length {} exceeds max_position_embeddings {}", past + t,
-               c_.max_position_embeddings);
+    EMOE_CHECK(
+        past + t <= c_.max_position_embeddings || c_.rope_type == LlamaConfig::Rope::kDynamic,
+        InputError, "input_ids: sequence length {} exceeds max_position_embeddings {}", past + t,
+        c_.max_position_embeddings);
     auto dev = embed_->weight.device();
     auto ids_d = ids.to(dev);
     auto pos = in.position_ids.defined() ? in.position_ids.to(dev)
@@ -351,12 +361,14 @@ class LlamaModelImpl : public PretrainedModelImpl {
   // RoPE's cos/sin for these positions; `length` = past + new positions
   std::pair<torch::Tensor, torch::Tensor> rope(const torch::Tensor& pos, int64_t length,
                                                at::ScalarType dtype) const {
-    if (c_.rope_type == "default") return rope_cos_sin(pos, c_.head_dim(), c_.rope_theta, dtype);
-    if (c_.rope_type == "linear")
+    if (c_.rope_type == LlamaConfig::Rope::kDefault)
+      return rope_cos_sin(pos, c_.head_dim(), c_.rope_theta, dtype);
+    if (c_.rope_type == LlamaConfig::Rope::kLinear)
       return rope_cos_sin(pos.to(torch::kFloat) / c_.rope_factor, c_.head_dim(), c_.rope_theta,
                           dtype);
-    const int64_t max_position =
-        c_.rope_type == "dynamic" && pos.numel() > 0 ? pos.max().item<int64_t>() : length - 1;
+    const int64_t max_position = c_.rope_type == LlamaConfig::Rope::kDynamic && pos.numel() > 0
+                                     ? pos.max().item<int64_t>()
+                                     : length - 1;
     return rope_cos_sin(pos, c_.inv_freq(max_position, pos.device()), dtype);
   }
 

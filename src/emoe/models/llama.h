@@ -25,7 +25,8 @@ struct LlamaConfig {
   int64_t explicit_head_dim = 0;          // config.json's head_dim; 0: hidden_size / heads
   // RoPE scaling (rope_scaling): "default", "linear" (positions / factor), "dynamic" (NTK base
   // growth past max_position_embeddings) or "llama3" (per-frequency, Llama 3.1)
-  std::string rope_type = "default";
+  enum class Rope { kDefault, kLinear, kDynamic, kLlama3 };
+  Rope rope_type = Rope::kDefault;
   double rope_factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 0;
   // Sliding-window attention (Mistral; Qwen2 with use_sliding_window from max_window_layers on)

@@ -198,12 +198,7 @@ void select_trainable(PretrainedModelImpl& model, const PeftConfig& cfg,
                       const std::vector<std::string>& also_train) {
   if (cfg.method == PeftMethod::kNone) return;
   const Architecture& arch = architecture_of(model.summary());
-  std::set<const c10::TensorImpl*> adapter_params;
-  for (const auto& l : named_linears(model)) {
-    if (!l.linear->adapter()) continue;
-    for (const auto& p : l.linear->adapter()->parameters(/*recurse=*/true))
-      adapter_params.insert(p.unsafeGetTensorImpl());
-  }
+  const auto adapter_params = adapter_parameters(model);
   EMOE_CHECK(!adapter_params.empty(), UsageError,
              "select_trainable: the model carries no {} adapters (call apply_peft first)",
              to_string(cfg.method));

@@ -82,11 +82,7 @@ std::vector<std::string> peft_targets_for_file(PretrainedModelImpl& model,
 std::vector<std::string> peft_changed_modules(
     PretrainedModelImpl& model, const std::string& base_model_path,
     std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
-  std::set<const c10::TensorImpl*> adapter_params;
-  for (const auto& l : named_linears(model))
-    if (l.linear->adapter())
-      for (const auto& p : l.linear->adapter()->parameters(/*recurse=*/true))
-        adapter_params.insert(p.unsafeGetTensorImpl());
+  const auto adapter_params = adapter_parameters(model);
   std::unique_ptr<CheckpointReader> base;
   std::map<std::string, std::string> base_key;  // module key -> the base file's key
   try {

@@ -39,6 +39,15 @@ std::vector<NamedLinear> named_linears(PretrainedModelImpl& model) {
   return out;
 }
 
+std::set<const c10::TensorImpl*> adapter_parameters(PretrainedModelImpl& model) {
+  std::set<const c10::TensorImpl*> out;
+  for (const auto& l : named_linears(model))
+    if (l.linear->adapter())
+      for (const auto& p : l.linear->adapter()->parameters(/*recurse=*/true))
+        out.insert(p.unsafeGetTensorImpl());
+  return out;
+}
+
 bool target_matches(const std::string& target, const std::string& module_name) {
   if (target.empty()) return false;
   auto t = peft_split_dots(target), m = peft_split_dots(module_name);

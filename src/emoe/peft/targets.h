@@ -1,5 +1,6 @@
 // A model's Linear modules for PEFT: target matching, Hugging Face paths, scaled activations.
 #pragma once
+#include <set>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,8 @@ struct NamedLinear {
 
 // Every Linear module of the model, in module order.
 std::vector<NamedLinear> named_linears(PretrainedModelImpl& model);
+// The parameters of every adapter the model's Linear modules carry.
+std::set<const c10::TensorImpl*> adapter_parameters(PretrainedModelImpl& model);
 
 // PEFT's rule on dotted module names: the target equals the name or is a suffix of it that starts
 // after a '.'. A '*' component matches any one component, so "layer.*.output.dense" is BERT's
