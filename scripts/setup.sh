@@ -15,6 +15,7 @@ PACKAGES=(
   libfmt-dev libspdlog-dev              # formatting and logging
   libsentencepiece-dev                  # SentencePiece tokenizer.model (Llama, T5)
   libutf8proc-dev                       # Unicode normalisation/categories for WordPiece and BPE
+  libpcre2-dev                          # Unicode regexes of tokenizer.json Split pre-tokenizers
   libgtest-dev libgmock-dev             # tests
   liblemon-dev                          # exact min-cost flow for balanced k-means
   libmetis-dev                          # balanced graph partitioning (co-activation split)

@@ -212,8 +212,8 @@ TEST(TokenizerJson, UnsupportedComponentsAreRefused) {
       {"normalizer", {{"normalizer", {{"type", "Lowercase"}}}}},
       {"model.dropout", {{"model", {{"dropout", 0.1}}}}},
       {"model.type", {{"model", {{"type", "WordLevel"}}}}},
-      {"post_processor.type", {{"post_processor", {{"type", "RobertaProcessing"}}}}},
-      {"pre_tokenizer.use_regex", {{"pre_tokenizer", {{"use_regex", false}}}}},
+      {"post_processor.cls", {{"post_processor", {{"type", "RobertaProcessing"}}}}},
+      {"post_processor.type", {{"post_processor", {{"type", "Whatever"}}}}},
   };
   for (const Case& c : cases) {
     emoe::test::TempDir dir;

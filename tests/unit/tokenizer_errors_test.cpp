@@ -78,14 +78,14 @@ TEST(TokenizerErrors, MalformedMergesTxt) {
 }
 
 TEST(TokenizerErrors, OtherTokenizerClassIsRefused) {
-  emoe::test::TempDir roberta, gpt2;
-  for (auto* d : {&roberta, &gpt2}) {
+  emoe::test::TempDir bart, gpt2;
+  for (auto* d : {&bart, &gpt2}) {
     write(d->file("vocab.json"), kMiniVocabJson);
     write(d->file("merges.txt"), "#version: 0.2\na b\n");
   }
-  write(roberta.file("tokenizer_config.json"), R"({"tokenizer_class": "RobertaTokenizer"})");
-  expect_load_error(roberta, {roberta.file("tokenizer_config.json"), "tokenizer_class",
-                              "RobertaTokenizer", "GPT2Tokenizer"});
+  write(bart.file("tokenizer_config.json"), R"({"tokenizer_class": "BartTokenizer"})");
+  expect_load_error(bart, {bart.file("tokenizer_config.json"), "tokenizer_class", "BartTokenizer",
+                           "GPT2Tokenizer"});
   write(gpt2.file("tokenizer_config.json"), R"({"tokenizer_class": "GPT2TokenizerFast"})");
   EXPECT_EQ(emoe::load_tokenizer(gpt2.path())->encode_plain("ab"), (std::vector<int64_t>{2}));
 }

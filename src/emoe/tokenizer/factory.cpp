@@ -5,6 +5,7 @@
 
 #include "emoe/core/error.h"
 #include "emoe/tokenizer/bpe.h"
+#include "emoe/tokenizer/fast_bpe.h"
 #include "emoe/tokenizer/sentencepiece.h"
 #include "emoe/tokenizer/tokenizer.h"
 #include "emoe/tokenizer/tokenizer_config.h"
@@ -24,12 +25,16 @@ void check_tokenizer_class(const TokenizerConfig& config, const Tokenizer& tok) 
   static const std::map<std::string, std::set<std::string>> kReproduced = {
       {"wordpiece", {"BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer"}},
       {"bpe", {"GPT2Tokenizer"}},
+      {"bpe-rust",
+       {"GPT2Tokenizer", "Qwen2Tokenizer", "RobertaTokenizer", "LlamaTokenizer",
+        "CodeGenTokenizer"}},
       {"sentencepiece", {"LlamaTokenizer"}},
       {"sentencepiece-t5", {"T5Tokenizer"}}};
   std::string kind = tok.kind();
   if (auto* spm = dynamic_cast<const SentencePieceTokenizer*>(&tok);
       spm && spm->flavor() == SpmFlavor::kT5)
     kind = "sentencepiece-t5";
+  if (dynamic_cast<const FastBpeTokenizer*>(&tok)) kind = "bpe-rust";
   std::string base = *cls;
   const std::string fast = "Fast";
   if (base.size() > fast.size() && base.compare(base.size() - fast.size(), fast.size(), fast) == 0)
@@ -51,6 +56,9 @@ std::unique_ptr<Tokenizer> load_by_files(const std::string& dir, const Tokenizer
                "{}: found {} but not {} (a byte-level BPE tokenizer needs both files)", dir,
                has("vocab.json") ? "vocab.json" : "merges.txt",
                has("vocab.json") ? "merges.txt" : "vocab.json");
+    std::optional<std::string> cls = config.get_string("tokenizer_class");
+    if (cls && (*cls == "RobertaTokenizer" || *cls == "RobertaTokenizerFast"))
+      return load_roberta_bpe(dir, config);
     return load_bpe(dir, config);
   }
   if (has("tokenizer.model")) return load_sentencepiece(dir, config);

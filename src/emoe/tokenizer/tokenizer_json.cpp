@@ -2,10 +2,12 @@
 #include "emoe/tokenizer/tokenizer_json.h"
 
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "emoe/core/error.h"
 #include "emoe/tokenizer/bpe.h"
+#include "emoe/tokenizer/fast_bpe.h"
 #include "emoe/tokenizer/sentencepiece.h"
 #include "emoe/tokenizer/tokenizer_config.h"
 #include "emoe/tokenizer/wordpiece.h"
@@ -287,6 +289,252 @@ std::unique_ptr<Tokenizer> build_byte_level_bpe(const JsonFile& f, const json& m
                                         gpt2_special_roles(config), added, f.path());
 }
 
+// --- the Rust pipeline (FastBpeTokenizer) --------------------------------------------------
+
+std::vector<FastAddedToken> read_fast_added_tokens(const JsonFile& f) {
+  std::vector<FastAddedToken> out;
+  for (const AddedToken& a : read_added_tokens(f)) {
+    FastAddedToken t;
+    t.content = a.content;
+    t.id = a.id;
+    t.special = a.special;
+    t.lstrip = a.lstrip;
+    t.rstrip = a.rstrip;
+    t.single_word = a.single_word;
+    out.push_back(t);
+  }
+  // "normalized" (the Rust default: true for a non-special token)
+  const json& list = f.root().at("added_tokens");
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i].normalized = f.boolean(list.at(i), "normalized",
+                                  fmt::format("added_tokens[{}].normalized", i), !out[i].special);
+  return out;
+}
+
+FastNormalizer read_fast_normalizer(const JsonFile& f) {
+  const json* norm = f.find(f.root(), "normalizer");
+  if (!norm) return FastNormalizer::kNone;
+  std::string type = type_of(f, *norm, "normalizer");
+  if (type == "Sequence") {  // a Sequence of at most one NFC/NFD
+    const json* list = f.find(*norm, "normalizers");
+    if (!list || !list->is_array()) f.fail("normalizer.normalizers", "expected a list");
+    if (list->empty()) return FastNormalizer::kNone;
+    if (list->size() == 1) type = type_of(f, list->at(0), "normalizer.normalizers[0]");
+  }
+  if (type == "NFC") return FastNormalizer::kNfc;
+  if (type == "NFD") return FastNormalizer::kNfd;
+  f.fail(
+      "normalizer.type",
+      fmt::format("'{}' is not supported with a byte-level BPE (expected none, NFC or NFD)", type));
+}
+
+void read_pre_steps(const JsonFile& f, const json& pre, const std::string& field,
+                    std::vector<PreTokenizerStep>& out) {
+  std::string type = type_of(f, pre, field);
+  if (type == "Sequence") {
+    const json* list = f.find(pre, "pretokenizers");
+    if (!list || !list->is_array()) f.fail(field + ".pretokenizers", "expected a list");
+    for (size_t i = 0; i < list->size(); ++i)
+      read_pre_steps(f, list->at(i), fmt::format("{}.pretokenizers[{}]", field, i), out);
+    return;
+  }
+  if (!out.empty() && out.back().kind == PreTokenizerStep::Kind::kByteLevel)
+    f.fail(field,
+           fmt::format("'{}' after ByteLevel is not supported (ByteLevel must come last)", type));
+  PreTokenizerStep step;
+  if (type == "ByteLevel") {
+    step.kind = PreTokenizerStep::Kind::kByteLevel;
+    step.add_prefix_space = f.boolean(pre, "add_prefix_space", field + ".add_prefix_space", true);
+    if (f.boolean(pre, "use_regex", field + ".use_regex", true))
+      step.regex = std::make_shared<Regex>(gpt2_split_pattern(), f.path());
+  } else if (type == "Split") {
+    const json& pattern = f.object(pre, "pattern", field + ".pattern");
+    std::string regex;
+    if (const json* r = f.find(pattern, "Regex")) {
+      if (!r->is_string()) f.fail(field + ".pattern.Regex", "expected a string");
+      regex = r->get<std::string>();
+    } else if (const json* s = f.find(pattern, "String")) {
+      if (!s->is_string()) f.fail(field + ".pattern.String", "expected a string");
+      std::string literal = s->get<std::string>();
+      if (literal.find("\\E") != std::string::npos)
+        f.fail(field + ".pattern.String", "a literal containing \\E is not supported");
+      regex = "\\Q" + literal + "\\E";
+    } else {
+      f.fail(field + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
+    }
+    step.regex = std::make_shared<Regex>(regex, f.path() + ": field '" + field + ".pattern'");
+    static const std::map<std::string, SplitBehavior> kBehaviors = {
+        {"Isolated", SplitBehavior::kIsolated},
+        {"Removed", SplitBehavior::kRemoved},
+        {"MergedWithPrevious", SplitBehavior::kMergedWithPrevious},
+        {"MergedWithNext", SplitBehavior::kMergedWithNext},
+        {"Contiguous", SplitBehavior::kContiguous}};
+    std::string behavior = f.string(pre, "behavior", field + ".behavior");
+    auto it = kBehaviors.find(behavior);
+    if (it == kBehaviors.end())
+      f.fail(field + ".behavior",
+             fmt::format("expected Isolated, Removed, MergedWithPrevious, MergedWithNext or "
+                         "Contiguous, got '{}'",
+                         behavior));
+    step.behavior = it->second;
+    step.invert = f.boolean(pre, "invert", field + ".invert", false);
+  } else {
+    f.fail(field + ".type", fmt::format("'{}' is not supported with a byte-level BPE (expected "
+                                        "Sequence, Split or ByteLevel)",
+                                        type));
+  }
+  out.push_back(std::move(step));
+}
+
+// The post-processor of the Rust pipeline; ByteLevel (or none) adds nothing and gives every token
+// type id 0.
+PostTemplate read_fast_post_processor(const JsonFile& f, const json* proc,
+                                      const std::vector<std::pair<std::string, int64_t>>& vocab,
+                                      const std::vector<AddedToken>& added,
+                                      const std::string& field) {
+  using K = TemplateItem::Kind;
+  PostTemplate plain;
+  plain.single = {{K::kSequenceA, -1, 0}};
+  plain.pair = {{K::kSequenceA, -1, 0}, {K::kSequenceB, -1, 0}};
+  if (!proc) return plain;
+  std::string type = type_of(f, *proc, field);
+  if (type == "ByteLevel") return plain;
+  if (type == "Sequence") {  // e.g. [ByteLevel, TemplateProcessing] as Llama 3.1 ships
+    const json* list = f.find(*proc, "processors");
+    if (!list || !list->is_array()) f.fail(field + ".processors", "expected a list");
+    PostTemplate out = plain;
+    bool have = false;
+    for (size_t i = 0; i < list->size(); ++i) {
+      std::string sub = fmt::format("{}.processors[{}]", field, i);
+      if (type_of(f, list->at(i), sub) == "ByteLevel") continue;
+      if (have) f.fail(sub, "only one processor besides ByteLevel is supported");
+      out = read_fast_post_processor(f, &list->at(i), vocab, added, sub);
+      have = true;
+    }
+    return out;
+  }
+  if (type == "RobertaProcessing") {
+    auto token = [&](const char* key) {
+      const json* v = f.find(*proc, key);
+      std::string sub = field + "." + key;
+      if (!v || !v->is_array() || v->size() != 2 || !v->at(0).is_string() ||
+          !v->at(1).is_number_integer())
+        f.fail(sub, "expected [token, id]");
+      return v->at(1).get<int64_t>();
+    };
+    int64_t cls = token("cls"), sep = token("sep");
+    PostTemplate t;
+    t.single = {{K::kSpecial, cls, 0}, {K::kSequenceA, -1, 0}, {K::kSpecial, sep, 0}};
+    t.pair = {{K::kSpecial, cls, 0}, {K::kSequenceA, -1, 0}, {K::kSpecial, sep, 0},
+              {K::kSpecial, sep, 0}, {K::kSequenceB, -1, 0}, {K::kSpecial, sep, 0}};
+    return t;
+  }
+  return read_post_processor(f, vocab, added);
+}
+
+std::unique_ptr<Tokenizer> build_fast_bpe(const JsonFile& f, const json& model, const json& pre,
+                                          const TokenizerConfig& config) {
+  if (f.find(model, "dropout")) f.fail("model.dropout", "BPE dropout is not supported");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    const json* v = f.find(model, key);
+    if (v && (!v->is_string() || !v->get<std::string>().empty()))
+      f.fail(std::string("model.") + key, "only an empty value is supported for a byte-level BPE");
+  }
+  if (f.boolean(model, "byte_fallback", "model.byte_fallback", false))
+    f.fail("model.byte_fallback", "true is not supported with a ByteLevel pre-tokenizer");
+  if (const json* dec = f.find(f.root(), "decoder");
+      !dec || type_of(f, *dec, "decoder") != "ByteLevel")
+    f.fail("decoder", "a byte-level BPE is supported with the ByteLevel decoder only");
+  FastBpeSpec spec;
+  spec.source = f.path();
+  spec.vocab = read_vocab(f, model);
+  spec.merges = read_merges(f, model);
+  spec.ignore_merges = f.boolean(model, "ignore_merges", "model.ignore_merges", false);
+  spec.added = read_fast_added_tokens(f);
+  spec.normalizer = read_fast_normalizer(f);
+  read_pre_steps(f, pre, "pre_tokenizer", spec.pre_tokenizer);
+  if (spec.pre_tokenizer.empty() ||
+      spec.pre_tokenizer.back().kind != PreTokenizerStep::Kind::kByteLevel)
+    f.fail("pre_tokenizer", "a byte-level BPE needs a ByteLevel pre-tokenizer (last)");
+  std::vector<AddedToken> added = read_added_tokens(f);
+  spec.post = read_fast_post_processor(f, f.find(f.root(), "post_processor"), spec.vocab, added,
+                                       "post_processor");
+  // The roles as configured, else the class's own defaults (transformers' __init__ arguments).
+  std::optional<std::string> cls = config.get_string("tokenizer_class");
+  std::string base = cls.value_or("");
+  if (base.size() > 4 && base.compare(base.size() - 4, 4, "Fast") == 0)
+    base.resize(base.size() - 4);
+  std::map<std::string, std::string> defaults;
+  if (base == "RobertaTokenizer")
+    defaults = {{"bos_token", "<s>"},    {"eos_token", "</s>"}, {"unk_token", "<unk>"},
+                {"sep_token", "</s>"},   {"cls_token", "<s>"},  {"pad_token", "<pad>"},
+                {"mask_token", "<mask>"}};
+  else if (base == "GPT2Tokenizer")
+    defaults = {{"bos_token", "<|endoftext|>"},
+                {"eos_token", "<|endoftext|>"},
+                {"unk_token", "<|endoftext|>"}};
+  else if (base == "Qwen2Tokenizer")
+    defaults = {{"eos_token", "<|endoftext|>"},
+                {"unk_token", "<|endoftext|>"},
+                {"pad_token", "<|endoftext|>"}};
+  for (const char* role : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                           "cls_token", "mask_token"}) {
+    std::optional<std::string> fallback;
+    if (auto it = defaults.find(role); it != defaults.end()) fallback = it->second;
+    if (std::optional<AddedToken> t = config.special_token(role, fallback, true))
+      spec.roles.emplace_back(role, t->content);
+  }
+  // LlamaTokenizerFast replaces the file's post-processor with bos/eos by add_bos/eos_token.
+  if (cls && (*cls == "LlamaTokenizerFast" || *cls == "LlamaTokenizer")) {
+    auto role_id = [&](const char* role) -> std::optional<int64_t> {
+      for (const auto& [name, content] : spec.roles)
+        if (name == role) return token_id(f, spec.vocab, added, content, config.config_file());
+      return std::nullopt;
+    };
+    bool add_bos = config.get_bool("add_bos_token").value_or(true);
+    bool add_eos = config.get_bool("add_eos_token").value_or(false);
+    std::optional<int64_t> bos = add_bos ? role_id("bos_token") : std::nullopt;
+    std::optional<int64_t> eos = add_eos ? role_id("eos_token") : std::nullopt;
+    if (add_bos && !bos)
+      f.fail("post_processor", "add_bos_token is true but there is no bos_token");
+    if (add_eos && !eos)
+      f.fail("post_processor", "add_eos_token is true but there is no eos_token");
+    spec.post = PostTemplate::bos_eos(bos, eos);
+  }
+  spec.clean_up_tokenization_spaces =
+      config.get_bool("clean_up_tokenization_spaces").value_or(true);
+  return std::make_unique<FastBpeTokenizer>(std::move(spec));
+}
+
+// Whether a byte-level BPE file needs the Rust pipeline: anything beyond GPT-2's own tokenizer.json
+// (ByteLevel with its regex, no normalizer, all merges), which the GPT2Tokenizer path reproduces.
+bool needs_rust_pipeline(const JsonFile& f, const json& model, const json& pre) {
+  if (type_of(f, pre, "pre_tokenizer") != "ByteLevel") return true;
+  if (!f.boolean(pre, "use_regex", "pre_tokenizer.use_regex", true)) return true;
+  if (f.boolean(model, "ignore_merges", "model.ignore_merges", false)) return true;
+  if (f.find(f.root(), "normalizer")) return true;
+  const json* proc = f.find(f.root(), "post_processor");
+  if (proc && type_of(f, *proc, "post_processor") != "ByteLevel" &&
+      type_of(f, *proc, "post_processor") != "TemplateProcessing" &&
+      type_of(f, *proc, "post_processor") != "BertProcessing")
+    return true;
+  return false;
+}
+
+// Whether `pre` is a byte-level pre-tokenizer: ByteLevel, or a Sequence that holds one.
+bool is_byte_level(const JsonFile& f, const json& pre) {
+  std::string type = type_of(f, pre, "pre_tokenizer");
+  if (type == "ByteLevel") return true;
+  if (type != "Sequence") return false;
+  const json* list = f.find(pre, "pretokenizers");
+  if (!list || !list->is_array()) return false;
+  for (const json& step : *list) {
+    const json* t = step.is_object() ? f.find(step, "type") : nullptr;
+    if (t && t->is_string() && t->get<std::string>() == "ByteLevel") return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& dir,
@@ -296,9 +544,11 @@ std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& dir,
   const json& model = f.object(f.root(), "model", "model");
   std::string type = f.find(model, "type") ? f.string(model, "type", "model.type") : "";
   const json* pre = f.find(f.root(), "pre_tokenizer");
-  bool byte_level = pre && type_of(f, *pre, "pre_tokenizer") == "ByteLevel";
+  bool byte_level = pre && is_byte_level(f, *pre);
   if (type == "WordPiece") return build_wordpiece(f, model, config);
-  if (type == "BPE" && byte_level) return build_byte_level_bpe(f, model, *pre, config);
+  if (type == "BPE" && byte_level)
+    return needs_rust_pipeline(f, model, *pre) ? build_fast_bpe(f, model, *pre, config)
+                                               : build_byte_level_bpe(f, model, *pre, config);
   if (type == "BPE" || type == "Unigram") {
     // SentencePiece-style: the slow tokenizer (what ids must equal) reads tokenizer.model.
     if (fs::is_regular_file(fs::path(dir) / "tokenizer.model"))

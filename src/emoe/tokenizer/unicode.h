@@ -10,6 +10,9 @@ namespace emoe::unicode {
 std::u32string decode_utf8(std::string_view text);
 // Bytes to text as Python's bytes.decode("utf-8", errors="replace").
 std::string sanitize_utf8(std::string_view bytes);
+// Whether `bytes` is well-formed UTF-8 (no overlong forms, surrogates or code points past
+// U+10FFFF).
+bool is_valid_utf8(std::string_view bytes);
 std::string encode_utf8(std::u32string_view cps);
 void append_utf8(std::string& out, char32_t cp);
 
