@@ -68,6 +68,13 @@ double JsonFields::get_double(const std::string& key, double fallback) const {
   return has(key) ? get_double(key) : fallback;
 }
 
+double JsonFields::get_probability(const std::string& key, double fallback) const {
+  if (!has(key)) return fallback;
+  const double v = get_double(key);
+  if (!(v >= 0 && v < 1)) fail(key, fmt::format("expected a probability in [0, 1), got {}", v));
+  return v;
+}
+
 bool JsonFields::get_bool(const std::string& key, bool fallback) const {
   if (!has(key)) return fallback;
   const json& v = j_.at(key);

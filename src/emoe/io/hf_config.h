@@ -19,6 +19,8 @@ class JsonFields {
   int64_t get_int(const std::string& key, int64_t fallback) const;
   double get_double(const std::string& key) const;
   double get_double(const std::string& key, double fallback) const;
+  // A dropout probability: a number in [0, 1) (1 would zero every activation).
+  double get_probability(const std::string& key, double fallback) const;
   bool get_bool(const std::string& key, bool fallback) const;
   std::string get_string(const std::string& key) const;
   std::string get_string(const std::string& key, const std::string& fallback) const;

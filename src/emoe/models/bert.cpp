@@ -24,10 +24,11 @@ BertConfig BertConfig::from_json(const JsonFields& j, bool roberta) {
   c.max_position_embeddings = j.get_int("max_position_embeddings", c.max_position_embeddings);
   c.type_vocab_size = j.get_int("type_vocab_size", c.type_vocab_size);
   c.hidden_act = j.get_string("hidden_act", c.hidden_act);
-  c.hidden_dropout_prob = j.get_double("hidden_dropout_prob", c.hidden_dropout_prob);
+  c.hidden_dropout_prob = j.get_probability("hidden_dropout_prob", c.hidden_dropout_prob);
   c.attention_probs_dropout_prob =
-      j.get_double("attention_probs_dropout_prob", c.attention_probs_dropout_prob);
-  if (j.has("classifier_dropout")) c.classifier_dropout = j.get_double("classifier_dropout");
+      j.get_probability("attention_probs_dropout_prob", c.attention_probs_dropout_prob);
+  if (j.has("classifier_dropout"))
+    c.classifier_dropout = j.get_probability("classifier_dropout", 0.0);
   c.layer_norm_eps = j.get_double("layer_norm_eps", c.layer_norm_eps);
   c.initializer_range = j.get_double("initializer_range", c.initializer_range);
   // absent: none for BERT, RobertaConfig's default padding_idx 1 for RoBERTa
@@ -194,6 +195,7 @@ class BertModelImpl : public PretrainedModelImpl {
     summary_.intermediate_size = c.intermediate_size;
     summary_.vocab_size = c.vocab_size;
     summary_.max_positions = c.max_position_embeddings;
+    summary_.learned_positions = true;
     summary_.num_labels = head == Head::kSequenceClassification ? c.num_labels : 0;
     summary_.pad_token_id = c.pad_token_id;
     summary_.activation = c.hidden_act;

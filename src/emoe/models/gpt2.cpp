@@ -23,10 +23,10 @@ Gpt2Config Gpt2Config::from_json(const JsonFields& j) {
   if (c.n_inner == 0) c.n_inner = 4 * c.n_embd;
   c.activation_function = j.get_string("activation_function", c.activation_function);
   c.layer_norm_epsilon = j.get_double("layer_norm_epsilon", c.layer_norm_epsilon);
-  c.embd_pdrop = j.get_double("embd_pdrop", c.embd_pdrop);
-  c.attn_pdrop = j.get_double("attn_pdrop", c.attn_pdrop);
-  c.resid_pdrop = j.get_double("resid_pdrop", c.resid_pdrop);
-  c.summary_first_dropout = j.get_double("summary_first_dropout", c.summary_first_dropout);
+  c.embd_pdrop = j.get_probability("embd_pdrop", c.embd_pdrop);
+  c.attn_pdrop = j.get_probability("attn_pdrop", c.attn_pdrop);
+  c.resid_pdrop = j.get_probability("resid_pdrop", c.resid_pdrop);
+  c.summary_first_dropout = j.get_probability("summary_first_dropout", c.summary_first_dropout);
   c.initializer_range = j.get_double("initializer_range", c.initializer_range);
   c.scale_attn_weights = j.get_bool("scale_attn_weights", true);
   c.scale_attn_by_inverse_layer_idx = j.get_bool("scale_attn_by_inverse_layer_idx", false);
@@ -159,6 +159,7 @@ class Gpt2ModelImpl : public PretrainedModelImpl {
     summary_.intermediate_size = c.n_inner;
     summary_.vocab_size = c.vocab_size;
     summary_.max_positions = c.n_positions;
+    summary_.learned_positions = true;
     summary_.num_labels = head == Head::kSequenceClassification ? c.num_labels : 0;
     summary_.bos_token_id = c.bos_token_id;
     summary_.eos_token_id = c.eos_token_id;

@@ -28,6 +28,9 @@ struct ModelSummary {
   Head head = Head::kBase;
   bool causal = false;     // decoder-only (GPT-2, Llama)
   bool gated_ffn = false;  // FFN = w_out (act(w_in x) * (w_up x)) (Llama, T5 v1.1)
+  // a table of max_positions learned position embeddings (BERT, RoBERTa, GPT-2): no position
+  // beyond it exists (rotary and relative positions have no such bound)
+  bool learned_positions = false;
   // Encoder-decoder models (T5): num_layers counts the encoder's blocks and num_decoder_layers
   // the decoder's; ffn_slots() lists the encoder's FFNs first, then the decoder's. 0 otherwise.
   int64_t num_layers = 0, num_decoder_layers = 0, hidden_size = 0, num_heads = 0, num_kv_heads = 0;

@@ -29,7 +29,7 @@ T5Config T5Config::from_json(const JsonFields& j) {
   c.relative_attention_max_distance =
       j.get_int("relative_attention_max_distance", c.relative_attention_max_distance);
   c.n_positions = j.get_int("n_positions", c.n_positions);
-  c.dropout_rate = j.get_double("dropout_rate", c.dropout_rate);
+  c.dropout_rate = j.get_probability("dropout_rate", c.dropout_rate);
   c.layer_norm_epsilon = j.get_double("layer_norm_epsilon", c.layer_norm_epsilon);
   c.initializer_factor = j.get_double("initializer_factor", c.initializer_factor);
   c.tie_word_embeddings = j.get_bool("tie_word_embeddings", true);

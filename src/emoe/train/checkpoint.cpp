@@ -56,10 +56,30 @@ std::string latest_checkpoint(const std::string& run_dir) {
   std::ifstream in(pointer);
   std::string name;
   std::getline(in, name);
+  // only "step-" and digits: a path (../../other/checkpoints/step-N) would resume another run
+  const bool step_name = name.size() > 5 && name.compare(0, 5, "step-") == 0 &&
+                         name.find_first_not_of("0123456789", 5) == std::string::npos;
   auto dir = fs::path(run_dir) / "checkpoints" / name;
-  EMOE_CHECK(!name.empty() && fs::is_directory(dir), InputError,
-             "{}: points at '{}', which is not a checkpoint folder", pointer.string(), name);
+  EMOE_CHECK(step_name && fs::is_directory(dir) && !fs::is_symlink(dir), InputError,
+             "{}: points at '{}', which is not a step-N checkpoint folder of this run",
+             pointer.string(), name);
   return dir.string();
+}
+
+std::string first_nonfinite_parameter(PretrainedModelImpl& model) {
+  torch::NoGradGuard g;
+  for (const auto& p : model.named_parameters())
+    if (p.value().is_floating_point() && !torch::isfinite(p.value()).all().item<bool>())
+      return p.key();
+  return "";
+}
+
+void require_finite_weights(PretrainedModelImpl& model, const std::string& target) {
+  const std::string bad = first_nonfinite_parameter(model);
+  EMOE_CHECK(bad.empty(), RuntimeError,
+             "{}: not written: the weights are not finite (NaN or infinity in '{}'); the training "
+             "diverged (lower train.lr); the last checkpoint, if any, is intact",
+             target, bad);
 }
 
 void save_checkpoint(const std::string& run_dir, PretrainedModelImpl& model, Optimizer& opt,
@@ -67,6 +87,7 @@ void save_checkpoint(const std::string& run_dir, PretrainedModelImpl& model, Opt
   auto root = fs::path(run_dir) / "checkpoints";
   auto name = fmt::format("step-{:08d}", state.step);
   auto dir = root / name;
+  require_finite_weights(model, dir.string());
   std::error_code ec;
   fs::create_directories(dir, ec);
   EMOE_CHECK(!ec, RuntimeError, "{}: cannot create: {}", dir.string(), ec.message());
@@ -130,8 +151,17 @@ bool load_checkpoint(const std::string& run_dir, PretrainedModelImpl& model, Opt
                "{}: does not match this run's model ({}); was the config changed?",
                file("model.safetensors"), fmt::join(problems, ", "));
   }
-  torch::load(opt.adamw(), file("optimizer.pt"));
+  try {
+    torch::load(opt.adamw(), file("optimizer.pt"));
+  } catch (const c10::Error& e) {  // PyTorch's own reader: a truncated or foreign file
+    std::string why = e.what_without_backtrace();
+    if (auto nl = why.find('\n'); nl != std::string::npos) why.resize(nl);
+    EMOE_THROW(InputError, "{}: not a readable optimiser state ({}); the checkpoint is damaged",
+               file("optimizer.pt"), why);
+  }
   auto rng = load_safetensors(file("rng.safetensors"));
+  EMOE_CHECK(rng.count("cpu"), InputError,
+             "{}: no 'cpu' generator state; the checkpoint is damaged", file("rng.safetensors"));
   at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle on the global generator
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(rng.at("cpu"));

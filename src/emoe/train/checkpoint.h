@@ -32,7 +32,13 @@ void save_checkpoint(const std::string& run_dir, PretrainedModelImpl& model, Opt
 // Restores the latest checkpoint of run_dir; false when there is none.
 bool load_checkpoint(const std::string& run_dir, PretrainedModelImpl& model, Optimizer& opt,
                      TrainState& state);
-// The folder `latest` points at, or "" when there is none.
+// The folder `latest` points at, or "" when there is none. `latest` must name a step-N folder
+// inside run_dir/checkpoints (never a path out of the run folder).
 std::string latest_checkpoint(const std::string& run_dir);
+
+// The name of the first parameter holding a NaN or an infinity, or "" when all are finite.
+std::string first_nonfinite_parameter(PretrainedModelImpl& model);
+// Refuses (RuntimeError naming `target` and the tensor) to save weights that are not finite.
+void require_finite_weights(PretrainedModelImpl& model, const std::string& target);
 
 }  // namespace emoe

@@ -1,6 +1,7 @@
 // Run configuration: YAML -> JSON -> typed struct, with overrides and validation.
 #include "emoe/train/run_config.h"
 
+#include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
@@ -83,9 +84,14 @@ nlohmann::json yaml_to_json(const YAML::Node& n, int depth, size_t& values) {
     }
     case YAML::NodeType::Map: {
       nlohmann::json o = nlohmann::json::object();
-      for (const auto& kv : n)
-        o[yaml_string(kv.first, kv.first.as<std::string>())] =
-            yaml_to_json(kv.second, depth + 1, values);
+      for (const auto& kv : n) {
+        const std::string key = yaml_string(kv.first, kv.first.as<std::string>());
+        // YAML forbids a key twice in one mapping; yaml-cpp would keep the last one silently
+        if (o.contains(key))
+          throw YAML::ParserException(kv.first.Mark(),
+                                      fmt::format("the key '{}' is given twice", key));
+        o[key] = yaml_to_json(kv.second, depth + 1, values);
+      }
       return o;
     }
     case YAML::NodeType::Scalar: {
@@ -290,6 +296,12 @@ MoeConfig read_moe(Reader& r, const std::string& method, const std::string& wher
                       "balance_loss", "balance_weight", "preact_dropout"})
         if (!m->contains(k)) merged[k] = t[k];
     }
+    // an explicit empty list would be replaced by the default while the saved config says []
+    EMOE_CHECK(!m->contains("layers") || !(*m)["layers"].is_array() || !(*m)["layers"].empty(),
+               InputError,
+               "{}.moe.layers: expected at least one layer index (leave the key out for the "
+               "method's default layers)",
+               where);
     moe = MoeConfig::from_json(JsonFields(merged, where + ".moe"));
     std::set<int64_t> seen;
     for (auto l : moe.layers)  // converted twice would make a model info and eval refuse
@@ -343,6 +355,7 @@ void read_train(const nlohmann::json& j, const std::string& where, TrainOptions&
   tr.get("usage_interval", o.usage_interval);
   tr.get("precision", precision);
   tr.get("nonfinite", nonfinite);
+  tr.get("max_consecutive_skips", o.max_consecutive_skips);
   tr.get("max_target_length", o.max_target_length);
   tr.finish();
 }
@@ -415,7 +428,8 @@ nlohmann::json RunConfig::to_json() const {
                        {"stop_after_steps", t.stop_after_steps},
                        {"usage_interval", t.usage_interval},
                        {"precision", option_name(kPrecisionNames, t.precision)},
-                       {"nonfinite", to_string(t.nonfinite)}};
+                       {"nonfinite", to_string(t.nonfinite)},
+                       {"max_consecutive_skips", t.max_consecutive_skips}};
   nlohmann::json pj = {{"targets", peft.targets},
                        {"feedforward_targets", peft.feedforward_targets},
                        {"r", peft.r},
@@ -540,6 +554,14 @@ RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where
   c.train.schedule = parse_schedule(schedule);
   c.train.nonfinite = parse_nonfinite(nonfinite);
   c.train.precision = parse_option(kPrecisionNames, precision, "train.precision");
+  // settings a method does not read are said so, not dropped silently (a sweep's shared base
+  // config may carry them for its other methods)
+  if (r.sub("moe") && !c.uses_moe())
+    spdlog::warn("{}: moe: settings are not used by method {} (it converts no FFN layer)", where,
+                 c.method);
+  if (r.sub("peft") && c.peft_method() == PeftMethod::kNone)
+    spdlog::warn("{}: peft: settings are not used by method {} (it adds no adapters)", where,
+                 c.method);
   // a run on the user's own files needs no GLUE task: it is named after its data
   if (c.task.empty() && !c.dataset.empty()) c.task = dataset_name(c.dataset.train);
   return c;
@@ -630,6 +652,8 @@ void RunConfig::validate() const {
       {"train.log_every", static_cast<double>(t.log_every), 1, inf, false, true},
       {"train.save_every", static_cast<double>(t.save_every), 0, inf, false, true},
       {"train.stop_after_steps", static_cast<double>(t.stop_after_steps), 0, inf, false, true},
+      {"train.max_consecutive_skips", static_cast<double>(t.max_consecutive_skips), 1, inf, false,
+       true},
       {"threads", static_cast<double>(threads), 0, 4096, false, false},
   };
   for (const auto& r : ranges) {
@@ -700,6 +724,8 @@ nlohmann::json load_yaml_file(const std::string& path) {
     EMOE_THROW(InputError, "{}: not valid YAML: {}", path, e.what());
   }
   if (j.is_null()) j = nlohmann::json::object();
+  EMOE_CHECK(j.is_object(), InputError, "{}: expected a mapping of keys at the top level, got {}",
+             path, j.is_array() ? "a list" : "a single value");
   return j;
 }
 

@@ -60,6 +60,8 @@ struct TrainOptions {
   // A non-finite loss or gradient norm: "stop" the run with a message, or "skip" the optimiser
   // step (gradients dropped, counted as skipped_steps in the logs); never written to the weights.
   NonFinitePolicy nonfinite = NonFinitePolicy::kStop;
+  // Under "skip": this many optimiser steps skipped in a row stop the run (it cannot recover).
+  int64_t max_consecutive_skips = 20;
   int64_t max_target_length = 16;  // objective seq2seq: decoder target tokens (with eos)
 };
 

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "emoe/analysis/flops.h"
@@ -14,6 +15,7 @@
 #include "emoe/io/atomic_file.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/models/architecture.h"
+#include "emoe/train/checkpoint.h"
 #include "emoe/train/method.h"
 
 namespace emoe {
@@ -82,6 +84,27 @@ void setup_model(TrainContext& c) {
                100.0 * counts.trainable / std::max<int64_t>(1, counts.total));
 }
 
+// The model against the run and its tokenizer, before the run folder is written: positions,
+// vocabulary, and weights that are finite to begin with.
+void check_model_fits_run(const TrainContext& c) {
+  const ModelSummary& s = c.model->summary();
+  EMOE_CHECK(
+      !s.learned_positions || s.max_positions <= 0 || c.cfg.train.max_length <= s.max_positions,
+      InputError,
+      "run config: train.max_length: {} exceeds the {} learned positions of {} "
+      "(config.json max_position_embeddings); expected at most {}",
+      c.cfg.train.max_length, s.max_positions, c.cfg.model, s.max_positions);
+  EMOE_CHECK(c.tok->vocab_size() <= s.vocab_size, InputError,
+             "{}: the tokenizer has {} tokens but the model's embedding has {} rows (config.json "
+             "vocab_size); ids past {} would index nothing",
+             c.cfg.model, c.tok->vocab_size(), s.vocab_size, s.vocab_size - 1);
+  const std::string bad = first_nonfinite_parameter(*c.model);
+  EMOE_CHECK(bad.empty(), InputError,
+             "{}: tensor '{}' holds NaN or infinite values; a model with broken weights cannot be "
+             "fine-tuned",
+             c.cfg.model, bad);
+}
+
 // Analytic cost at the run's length bounds (what a padded batch computes per token).
 nlohmann::json cost_record(const TrainContext& c) {
   const ModelSummary& sm = c.model->summary();
@@ -124,6 +147,25 @@ void start_train_process(TrainContext& c, const DistOptions& dist) {
 
 namespace {
 
+// The keys whose values differ between a saved and a given run config ("train.lr: 3e-05 in
+// config.json, 0.0001 given"), recursively.
+void config_differences(const nlohmann::json& saved, const nlohmann::json& now,
+                        const std::string& prefix, std::vector<std::string>& out) {
+  if (saved.is_object() && now.is_object()) {
+    std::set<std::string> keys;
+    for (auto it = saved.begin(); it != saved.end(); ++it) keys.insert(it.key());
+    for (auto it = now.begin(); it != now.end(); ++it) keys.insert(it.key());
+    for (const std::string& k : keys) {
+      const nlohmann::json none;
+      config_differences(saved.contains(k) ? saved.at(k) : none, now.contains(k) ? now.at(k) : none,
+                         prefix.empty() ? k : prefix + "." + k, out);
+    }
+    return;
+  }
+  if (saved != now)
+    out.push_back(fmt::format("{}: {} in config.json, {} given", prefix, saved.dump(), now.dump()));
+}
+
 // One run per folder: a second writer stops before it reads or writes anything there.
 void lock_run_folder(TrainContext& c) {
   if (c.main_rank() && !c.lock && fs::is_directory(c.dir))
@@ -144,9 +186,15 @@ void check_resume(TrainContext& c, bool resume) {
     auto now = c.cfg.to_json();
     saved["train"].erase("stop_after_steps");
     now["train"].erase("stop_after_steps");
-    EMOE_CHECK(saved == now, UsageError,
-               "{}: --resume needs the run's own config; config.json differs from the one given",
-               c.dir);
+    // where the folder lives is not part of the run: a copied or moved run folder resumes
+    saved.erase("output");
+    now.erase("output");
+    std::vector<std::string> differ;
+    config_differences(saved, now, "", differ);
+    EMOE_CHECK(differ.empty(), UsageError,
+               "{}: --resume needs the run's own config; config.json differs from the one given "
+               "in {}",
+               c.dir, fmt::join(differ, ", "));
   }
 }
 
@@ -173,6 +221,7 @@ void prepare_run(TrainContext& c) {
   c.objective->load_data(*c.tok);
   EMOE_CHECK(!c.objective->train().empty(), InputError, "no training examples");
   setup_model(c);
+  check_model_fits_run(c);
   if (c.main_rank()) {
     std::error_code ec;
     fs::create_directories(c.dir, ec);

@@ -101,6 +101,7 @@ class TrainLoop {
   Progress progress_;
   bool done_ = false;
   bool skip_window_ = false;  // the accumulation window in progress saw a non-finite loss
+  int64_t skips_in_a_row_ = 0;
   bool has_aux_ = false;
   double loss_acc_ = 0, aux_acc_ = 0;  // logged: the task loss and, apart, the balance losses
   int64_t loss_count_ = 0, tokens_acc_ = 0;
@@ -265,10 +266,18 @@ bool TrainLoop::optimizer_step(int64_t epoch, int64_t b) {
   const double lr = opt_.current_lr();
   if (skip_window_) {
     st_.skipped_steps += 1;
+    skips_in_a_row_ += 1;
     spdlog::warn("step {}: non-finite loss or gradient; optimiser step skipped ({} so far)",
                  st_.step + 1, st_.skipped_steps);
+    // skipping cannot recover weights that are already broken, nor a rate that always explodes
+    EMOE_CHECK(skips_in_a_row_ < o_.max_consecutive_skips, RuntimeError,
+               "{} optimiser steps in a row skipped for a non-finite loss or gradient (up to step "
+               "{}); the run cannot recover and stops without saving more (train."
+               "max_consecutive_skips {}); lower train.lr",
+               skips_in_a_row_, st_.step + 1, o_.max_consecutive_skips);
   } else {
     opt_.step();
+    skips_in_a_row_ = 0;
   }
   opt_.zero_grad();
   skip_window_ = false;
@@ -333,6 +342,7 @@ void TrainLoop::end_epoch(int64_t epoch) {
     st_.best_epoch = epoch + 1;
     st_.evals_without_gain = 0;
     if (c_.main_rank()) {
+      require_finite_weights(*c_.model, best_path_);
       std::vector<std::pair<std::string, torch::Tensor>> params;
       for (const auto& p : c_.model->named_parameters()) params.emplace_back(p.key(), p.value());
       save_safetensors(best_path_, params,
@@ -370,8 +380,10 @@ TrainResult TrainLoop::run() {
   }
   result.results = run_results(c_, st_);
   usage_.save(c_.dir);
-  if (c_.cfg.save_best)
+  if (c_.cfg.save_best) {
+    require_finite_weights(*c_.model, (fs::path(c_.dir) / "model").string());
     export_run_model(*c_.model, c_.moe, c_.peft, c_.dir, c_.cfg.model, c_.cfg.export_dense);
+  }
   write_text_atomic((fs::path(c_.dir) / "results.json").string(), result.results.dump(2) + "\n");
   return result;
 }
