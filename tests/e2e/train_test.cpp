@@ -223,3 +223,81 @@ TEST(TrainE2E, OwnDatasetNeedsNoGlueTask) {
   EXPECT_TRUE(r.results["best"]["dev"]["metrics"].contains("accuracy")) << r.results.dump();
   EXPECT_TRUE(fs::exists(tmp.file("run/model/config.json")));
 }
+
+// Weights that blow up under train.nonfinite: skip are never saved: whatever the run does (stop
+// after max_consecutive_skips, or refuse a checkpoint), no safetensors file in the run folder
+// holds a NaN or an infinity, and the run does not end as a success.
+TEST(Train, SkipPolicyNeverSavesNonFiniteWeights) {
+  EMOE_REQUIRE_SHARED(stories, "models/stories260K/hf");
+  emoe::test::TempDir tmp;
+  auto cfg = tiny_run(stories, "full", tmp.file("run"),
+                      {"train.lr=1e38", "train.save_every=1", "train.grad_clip=0",
+                       "train.nonfinite=skip", "train.max_consecutive_skips=3"});
+  try {
+    emoe::run_training(cfg, false);
+    FAIL() << "weights of order 1e38 trained to the end as a success";
+  } catch (const emoe::RuntimeError& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("in a row skipped") != std::string::npos ||
+                what.find("not finite") != std::string::npos)
+        << what;
+  }
+  EXPECT_FALSE(fs::exists(tmp.file("run/results.json")));
+  int files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(tmp.file("run"))) {
+    if (e.path().extension() != ".safetensors") continue;
+    ++files;
+    for (const auto& [name, t] : emoe::load_safetensors(e.path().string()))
+      if (t.is_floating_point())
+        EXPECT_TRUE(torch::isfinite(t).all().item<bool>()) << e.path() << ": " << name;
+  }
+  EXPECT_GT(files, 0) << "no checkpoint was written before the explosion";
+}
+
+// A run folder is checked as a run folder: `latest` naming a path out of it is refused, a
+// damaged optimizer.pt is the input's fault (exit 2), and a copied folder resumes.
+TEST(Train, RunFolderIntegrityOnResume) {
+  EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
+  EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
+  emoe::test::TempDir tmp;
+  auto run = tmp.file("run");
+  auto stopped =
+      emoe::run_training(tiny_run(bert, "full", run, {"save_best=false", "train.stop_after_steps=2"}), false);
+  ASSERT_TRUE(stopped.stopped_early);
+  // a copy elsewhere resumes (the output path is not part of the run)
+  auto copy = tmp.file("copy");
+  fs::copy(run, copy, fs::copy_options::recursive);
+  fs::remove(copy + "/.emoe.lock");
+  auto resumed = emoe::run_training(tiny_run(bert, "full", copy, {"save_best=false"}), true);
+  EXPECT_FALSE(resumed.stopped_early);
+  // a changed setting is named
+  try {
+    emoe::run_training(tiny_run(bert, "full", run, {"save_best=false", "train.lr=5e-4"}), true);
+    FAIL() << "a changed learning rate resumed";
+  } catch (const emoe::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.lr: 0.001 in config.json, 0.0005 given"),
+              std::string::npos)
+        << e.what();
+  }
+  std::string name;
+  std::getline(std::ifstream(run + "/checkpoints/latest"), name);
+  const auto optimizer = run + "/checkpoints/" + name + "/optimizer.pt";
+  fs::resize_file(optimizer, fs::file_size(optimizer) / 2);
+  try {
+    emoe::run_training(tiny_run(bert, "full", run, {"save_best=false"}), true);
+    FAIL() << "a truncated optimizer.pt resumed";
+  } catch (const emoe::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer.pt: not a readable optimiser state"),
+              std::string::npos)
+        << e.what();
+  }
+  std::ofstream(run + "/checkpoints/latest") << "../../copy/checkpoints/" << name << "\n";
+  try {
+    emoe::run_training(tiny_run(bert, "full", run, {"save_best=false"}), true);
+    FAIL() << "latest pointing out of the run folder was followed";
+  } catch (const emoe::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a step-N checkpoint folder of this run"),
+              std::string::npos)
+        << e.what();
+  }
+}
