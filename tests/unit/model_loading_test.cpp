@@ -1,9 +1,11 @@
 // Strict loading, legacy key names, config invariants, save/reload and dtype handling.
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "emoe/core/error.h"
 #include "emoe/io/safetensors.h"
+#include "emoe/methods/model_folder.h"
 #include "emoe/models/loader.h"
 #include "support/test_support.h"
 
@@ -116,6 +118,47 @@ TEST(ModelLoading, SaveAndReloadReproducesLogits) {
     auto ids = torch::randint(3, 100, {2, 6}, torch::kLong);
     EXPECT_TRUE(torch::equal(logits_of(tmp.path(), ids), logits_of(src, ids)));
   }
+}
+
+// Issue 24: a model saved in Hugging Face shards reads back bit-identical and gives the same
+// logits; a later save into the same folder leaves no stale weights file beside its own.
+TEST(ModelLoading, ShardedSaveRoundTripsAndReplacesStaleWeights) {
+  EMOE_REQUIRE_SHARED(src, "fixtures/tiny/llama_lm");
+  emoe::test::TempDir tmp;
+  auto model = emoe::load_model(src);
+  const auto dir = tmp.file("model");
+  emoe::save_any_model(*model, {}, {}, dir, src, /*max_shard_bytes=*/20000);
+  EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));
+  ASSERT_TRUE(fs::exists(dir + "/model.safetensors.index.json"));
+  int shards = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("model-", 0) == 0) {
+      ++shards;
+      EXPECT_LE(fs::file_size(e.path()), 20000u + 4096) << e.path();  // + header
+    }
+  EXPECT_GT(shards, 1);
+  emoe::CheckpointReader original(src), sharded(dir);
+  ASSERT_EQ(sharded.names(), original.names());
+  for (const auto& name : original.names())
+    EXPECT_TRUE(torch::equal(sharded.load(name), original.load(name))) << name;
+  auto ids = torch::randint(3, 100, {2, 6}, torch::kLong);
+  EXPECT_TRUE(torch::equal(logits_of(dir, ids), logits_of(src, ids)));
+
+  // one file again: the index and the shards go
+  emoe::save_any_model(*model, {}, {}, dir, "");
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto name = e.path().filename().string();
+    EXPECT_EQ(name.find("model-"), std::string::npos) << name;
+    EXPECT_NE(name, "model.safetensors.index.json");
+  }
+  EXPECT_TRUE(torch::equal(logits_of(dir, ids), logits_of(src, ids)));
+  // and sharded again over it: model.safetensors goes (save_model, file by file, too)
+  emoe::save_model(*model, dir, {}, 20000);
+  EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));
+  EXPECT_TRUE(torch::equal(logits_of(dir, ids), logits_of(src, ids)));
+  // no staging folder is left beside the model
+  for (const auto& e : fs::directory_iterator(tmp.path()))
+    EXPECT_EQ(e.path().filename().string(), "model");
 }
 
 TEST(ModelLoading, NewHeadIsInitialisedOnlyWhenAllowed) {

@@ -211,15 +211,13 @@ std::vector<std::pair<std::string, torch::Tensor>> model_state(PretrainedModelIm
   return out;
 }
 
-void save_model(PretrainedModelImpl& model, const std::string& dir,
-                const std::map<std::string, std::string>& metadata) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  EMOE_CHECK(!ec, RuntimeError, "{}: cannot create directory: {}", dir, ec.message());
+std::vector<std::string> write_model_files(PretrainedModelImpl& model, const std::string& dir,
+                                           const std::map<std::string, std::string>& metadata,
+                                           uint64_t max_shard_bytes) {
   std::map<std::string, std::string> meta = metadata;
   meta["format"] = "pt";
   meta["emoe_version"] = EMOE_VERSION;
-  save_safetensors((fs::path(dir) / "model.safetensors").string(), model_state(model), meta);
+  auto written = save_safetensors_folder(dir, model_state(model), meta, max_shard_bytes);
   auto cfg = model.config_json();
   auto p = model.parameters();
   if (!p.empty()) {
@@ -229,6 +227,20 @@ void save_model(PretrainedModelImpl& model, const std::string& dir,
                                                : "float32";
   }
   write_text_atomic((fs::path(dir) / "config.json").string(), cfg.dump(2) + "\n");
+  return written;
+}
+
+void save_model(PretrainedModelImpl& model, const std::string& dir,
+                const std::map<std::string, std::string>& metadata, uint64_t max_shard_bytes) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  EMOE_CHECK(!ec, RuntimeError, "{}: cannot create directory: {}", dir, ec.message());
+  const auto written = write_model_files(model, dir, metadata, max_shard_bytes);
+  const std::set<std::string> keep(written.begin(), written.end());
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto name = e.path().filename().string();
+    if (is_weights_file_name(name) && !keep.count(name)) fs::remove(e.path(), ec);
+  }
 }
 
 ParameterCount count_parameters(torch::nn::Module& module) {

@@ -371,7 +371,8 @@ TrainResult TrainLoop::run() {
   result.results = run_results(c_, st_);
   usage_.save(c_.dir);
   if (c_.cfg.save_best)
-    export_run_model(*c_.model, c_.moe, c_.peft, c_.dir, c_.cfg.model, c_.cfg.export_dense);
+    export_run_model(*c_.model, c_.moe, c_.peft, c_.dir, c_.cfg.model, c_.cfg.export_dense,
+                     c_.cfg.max_shard_bytes);
   write_text_atomic((fs::path(c_.dir) / "results.json").string(), result.results.dump(2) + "\n");
   return result;
 }
