@@ -60,6 +60,7 @@ void run_convert(const ConvertArgs& a) {
 
   auto state = convert_to_moe(*model, cfg, sample);
   state.source = a.model_dir;
+  model->to(stored_float_dtype(a.model_dir));  // split in float32, stored as the source was
   save_moe_model(*model, state, a.out, a.model_dir, max_shard);
 
   std::cout << fmt::format("{} -> {}: {} with N = {}, k = {} on layers {}\n", a.model_dir, a.out,

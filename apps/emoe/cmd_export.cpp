@@ -37,6 +37,7 @@ void run_export(const ExportArgs& a) {
     peft = PeftConfig();
     done.push_back("LoRA merged into the weights");
   }
+  model->to(stored_float_dtype(a.moe_dir));  // computed in float32, stored as the source was
   save_any_model(*model, state, peft, a.out, a.moe_dir, max_shard);
   if (peft.method != PeftMethod::kNone)
     done.push_back(fmt::format("{} adapters kept (peft.json): they have no dense form",

@@ -220,7 +220,46 @@ at::Tensor SafetensorsFile::load(const std::string& name, std::optional<c10::Sca
   at::Tensor view = at::from_blob(const_cast<uint8_t*>(data_ + e.begin), e.shape, options);
   c10::ScalarType target = info->type;
   if (dtype && at::isFloatingType(info->type) && at::isFloatingType(*dtype)) target = *dtype;
-  return view.to(device, target, /*non_blocking=*/false, /*copy=*/true);
+  at::Tensor out = view.to(device, target, /*non_blocking=*/false, /*copy=*/true);
+  release_pages(e.begin, e.end);
+  return out;
+}
+
+void SafetensorsFile::load_into(const std::string& name, at::Tensor& dst) const {
+  const TensorEntry& e = entry(name);
+  EMOE_CHECK(at::IntArrayRef(e.shape) == dst.sizes(), InputError,
+             "{}: tensor '{}': shape [{}] does not fit the destination [{}]", path_, name,
+             fmt::join(e.shape, ", "), fmt::join(dst.sizes(), ", "));
+  auto info = dtype_info(e.dtype);
+  at::Tensor view = at::from_blob(const_cast<uint8_t*>(data_ + e.begin), e.shape,
+                                  at::TensorOptions().dtype(info->type));
+  // copy_ converts dtype (and device) element by element: no whole-tensor temporary
+  constexpr uint64_t kBlockBytes = 16ull << 20;
+  const uint64_t bytes = e.end - e.begin;
+  const int64_t rows = e.shape.empty() ? 0 : e.shape[0];
+  if (rows < 2 || bytes <= kBlockBytes) {
+    dst.copy_(view);
+    release_pages(e.begin, e.end);
+    return;
+  }
+  const uint64_t row_bytes = bytes / static_cast<uint64_t>(rows);
+  const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kBlockBytes / row_bytes));
+  for (int64_t r = 0; r < rows; r += step) {
+    const int64_t n = std::min(step, rows - r);
+    dst.narrow(0, r, n).copy_(view.narrow(0, r, n));
+    release_pages(e.begin + static_cast<uint64_t>(r) * row_bytes,
+                  e.begin + static_cast<uint64_t>(r + n) * row_bytes);
+  }
+}
+
+// The mapping is private and read-only, so its pages can be dropped at any time (a later read
+// faults them in again from the file): the resident set then holds the copies, not the file too.
+void SafetensorsFile::release_pages(uint64_t begin, uint64_t end) const {
+  if (end <= begin) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<uintptr_t>(data_ + begin) & ~(page - 1);
+  const auto last = (reinterpret_cast<uintptr_t>(data_ + end) + page - 1) & ~(page - 1);
+  ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 std::map<std::string, at::Tensor> load_safetensors(const std::string& path) {
@@ -440,6 +479,12 @@ at::Tensor CheckpointReader::load(const std::string& name, std::optional<c10::Sc
   auto it = where_.find(name);
   EMOE_CHECK(it != where_.end(), InputError, "{}: no tensor named '{}'", source_, name);
   return files_[it->second]->load(name, dtype, device);
+}
+
+void CheckpointReader::load_into(const std::string& name, at::Tensor& dst) const {
+  auto it = where_.find(name);
+  EMOE_CHECK(it != where_.end(), InputError, "{}: no tensor named '{}'", source_, name);
+  files_[it->second]->load_into(name, dst);
 }
 
 }  // namespace emoe

@@ -44,8 +44,14 @@ class SafetensorsFile {
   // Copies the tensor out of the mapping; floating tensors are converted to `dtype` when given.
   at::Tensor load(const std::string& name, std::optional<c10::ScalarType> dtype = std::nullopt,
                   c10::Device device = c10::Device(c10::kCPU)) const;
+  // Copies the tensor straight from the mapping into `dst` (same shape; converted to dst's dtype
+  // and device on the way), with no intermediate tensor, in blocks of rows whose mapped pages
+  // are released as soon as they are copied: loading a whole model holds the model plus a few
+  // MiB of the file, not the model twice.
+  void load_into(const std::string& name, at::Tensor& dst) const;
 
  private:
+  void release_pages(uint64_t begin, uint64_t end) const;  // offsets in the data section
   std::string path_;
   void* map_ = nullptr;
   size_t map_size_ = 0;
@@ -95,6 +101,7 @@ class CheckpointReader {
   const std::string& file_of(const std::string& name) const;
   at::Tensor load(const std::string& name, std::optional<c10::ScalarType> dtype = std::nullopt,
                   c10::Device device = c10::Device(c10::kCPU)) const;
+  void load_into(const std::string& name, at::Tensor& dst) const;  // as SafetensorsFile's
   const std::string& source() const { return source_; }
 
  private:
