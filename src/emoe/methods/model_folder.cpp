@@ -124,6 +124,10 @@ void save_moe_model(PretrainedModelImpl& model, const MoeState& state, const std
   save_any_model(model, state, PeftConfig(), dir, tokenizer_dir, max_shard_bytes);
 }
 
+bool recomposable(const MoeState& moe) {
+  return !moe.empty() && moe.config.method != MoeMethod::kGmoe;
+}
+
 void export_run_model(PretrainedModelImpl& model, MoeState moe, PeftConfig peft,
                       const std::string& run_dir, const std::string& base_model, bool export_dense,
                       uint64_t max_shard_bytes) {
@@ -141,7 +145,7 @@ void export_run_model(PretrainedModelImpl& model, MoeState moe, PeftConfig peft,
       merge_lora(model);
       peft = PeftConfig();
     }
-    if (!moe.empty() && moe.config.method != MoeMethod::kGmoe) recompose_dense(model, moe);
+    if (!moe.empty() && recomposable(moe)) recompose_dense(model, moe);
   }
   save_any_model(model, moe, peft, model_dir, base_model, max_shard_bytes);
   spdlog::info(

@@ -34,6 +34,10 @@ void save_moe_model(PretrainedModelImpl& model, const MoeState& state, const std
 // Copies tokenizer files (vocab, merges, tokenizer.model/json, configs) from one folder to another.
 void copy_tokenizer_files(const std::string& from, const std::string& to);
 
+// Whether a converted model can be recomposed to the dense architecture (GMoE's upcycled copies
+// cannot: they are no longer one FFN).
+bool recomposable(const MoeState& moe);
+
 // The best model of a finished run as its deliverables in run_dir: model/ (LoRA merged and the
 // experts recomposed to the dense architecture when export_dense and possible), model_moe/ (the
 // MoE form as trained, when the method converted layers) and adapter/ (PEFT format, LoRA and
