@@ -106,7 +106,10 @@ TEST(TrainE2E, EmoeRunReportsRoutedAndDenseMetricsApart) {
   const std::string common =
       " --task sst2 --data-dir " + emoe::test::shared_path("data") + " --max-length 32 --json -q";
   // max_eval_examples=40 of the run: eval --max-examples 40 takes the same subset
-  auto dense40 = emoe::test::run_emoe("eval " + out + "/model" + common + " --max-examples 40");
+  // model/ without --max-length: the run's config.json gives max_length 32
+  const std::string data_flags =
+      " --task sst2 --data-dir " + emoe::test::shared_path("data") + " --json -q";
+  auto dense40 = emoe::test::run_emoe("eval " + out + "/model" + data_flags + " --max-examples 40");
   auto routed40 =
       emoe::test::run_emoe("eval " + out + "/model_moe" + common + " --max-examples 40");
   ASSERT_EQ(dense40.exit_code, 0) << dense40.err;
@@ -256,10 +259,13 @@ TEST(TrainE2E, OwnDatasetNeedsNoGlueTask) {
       out << (i % 2 ? "a fine and lovely film" : "a dull and tiresome film") << " " << i << "\t"
           << (i % 2 ? "pos" : "neg") << "\n";
   }
+  std::ofstream(tmp.file("reviews/held.tsv"))
+      << "sentence\tlabel\na tiresome film\tneg\na lovely film\tpos\na fine film\tpos\n";
   auto cfg = emoe::load_run_config(
       "", {"model=" + bert,
            "dataset={train: " + tmp.file("reviews/train.tsv") +
-               ", dev: " + tmp.file("reviews/dev.tsv") + ", labels: [neg, pos]}",
+               ", dev: " + tmp.file("reviews/dev.tsv") +
+               ", ood: {held: " + tmp.file("reviews/held.tsv") + "}, labels: [neg, pos]}",
            "output=" + tmp.file("run"), "train.batch_size=4", "train.epochs=1",
            "train.max_length=16", "train.log_every=1"});
   EXPECT_EQ(cfg.task, "reviews");
@@ -267,4 +273,33 @@ TEST(TrainE2E, OwnDatasetNeedsNoGlueTask) {
   auto r = emoe::run_training(cfg, false);
   EXPECT_TRUE(r.results["best"]["dev"]["metrics"].contains("accuracy")) << r.results.dump();
   EXPECT_TRUE(fs::exists(tmp.file("run/model/config.json")));
+  // Issue 24: `emoe eval MODEL -c RUN` re-evaluates on the run's own files (dev and the
+  // out-of-domain set) at the run's max_length, as the run did
+  auto e = emoe::test::run_emoe("eval " + tmp.file("run/model") + " -c " +
+                                tmp.file("run/config.json") + " --json -q");
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  auto j = nlohmann::json::parse(e.out);
+  for (const char* set : {"dev", "held"}) {
+    SCOPED_TRACE(set);
+    ASSERT_TRUE(j.contains(set)) << e.out;
+    EXPECT_EQ(j[set]["examples"], r.results["best"][set]["examples"]);
+    EXPECT_EQ(j[set]["metrics"]["accuracy"], r.results["best"][set]["metrics"]["accuracy"]);
+    EXPECT_NEAR(j[set]["loss"].get<double>(), r.results["best"][set]["loss"].get<double>(), 1e-4);
+  }
+  // a YAML run config names its data the same way
+  std::ofstream(tmp.file("run.yaml"))
+      << "model: " << bert << "\ndataset:\n  train: " << tmp.file("reviews/train.tsv")
+      << "\n  dev: " << tmp.file("reviews/dev.tsv")
+      << "\n  labels: [neg, pos]\ntrain:\n  max_length: 16\n";
+  auto y = emoe::test::run_emoe("eval " + tmp.file("run/model") + " -c " + tmp.file("run.yaml") +
+                                " --json -q");
+  ASSERT_EQ(y.exit_code, 0) << y.err;
+  EXPECT_EQ(nlohmann::json::parse(y.out)["dev"], j["dev"]);
+  // -c and --task exclude each other; one of them is needed
+  auto both = emoe::test::run_emoe("eval " + tmp.file("run/model") + " -c " + tmp.file("run.yaml") +
+                                   " --task sst2");
+  EXPECT_EQ(both.exit_code, 2) << both.err;
+  auto none = emoe::test::run_emoe("eval " + tmp.file("run/model"));
+  EXPECT_EQ(none.exit_code, 2) << none.err;
+  EXPECT_NE(none.err.find("give --task T or -c RUN.yaml"), std::string::npos) << none.err;
 }
