@@ -8,9 +8,9 @@
 TEST(TrainingMemory, TinyBertMatchesHandCounts) {
   EMOE_REQUIRE_SHARED(dir, "fixtures/tiny/bert_seqcls");
   const int64_t h = 32, ff = 64, layers = 2, labels = 3;
-  const int64_t embeddings = 100 * h + 64 * h + 2 * h + 2 * h;            // + LayerNorm
-  const int64_t per_layer = 4 * (h * h + h) + 2 * h                       // attention + LayerNorm
-                            + (h * ff + ff) + (ff * h + h) + 2 * h;        // FFN + LayerNorm
+  const int64_t embeddings = 100 * h + 64 * h + 2 * h + 2 * h;       // + LayerNorm
+  const int64_t per_layer = 4 * (h * h + h) + 2 * h                  // attention + LayerNorm
+                            + (h * ff + ff) + (ff * h + h) + 2 * h;  // FFN + LayerNorm
   const int64_t pooler = h * h + h, classifier = h * labels + labels;
   const int64_t total = embeddings + layers * per_layer + pooler + classifier;
   ASSERT_EQ(total, 23619);
