@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "emoe/core/error.h"
+#include "emoe/io/safetensors.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/moe/convert.h"
 #include "sample_text.h"
@@ -14,7 +15,7 @@ namespace {
 struct ConvertArgs {
   std::string model_dir, out, method = "emoe", layers, split = "balanced-kmeans", gate,
                               gate_init = "avgk";
-  std::string execution, balance, sample;
+  std::string execution, balance, sample, max_shard_size;
   int64_t experts = 0, topk = 0, restarts = 10, max_iter = 1000, sample_tokens = 4096;
   uint64_t seed = 0;
   bool tutel = false;
@@ -24,6 +25,8 @@ struct ConvertArgs {
 void run_convert(const ConvertArgs& a) {
   auto rs = apply_run_flags(a.run);
   namespace fs = std::filesystem;
+  const uint64_t max_shard =
+      a.max_shard_size.empty() ? 0 : parse_byte_size(a.max_shard_size, "--max-shard-size");
   EMOE_CHECK(fs::absolute(a.out) != fs::absolute(a.model_dir), UsageError,
              "-o {}: the output folder must differ from the model folder", a.out);
   LoadOptions lo;
@@ -57,7 +60,8 @@ void run_convert(const ConvertArgs& a) {
 
   auto state = convert_to_moe(*model, cfg, sample);
   state.source = a.model_dir;
-  save_moe_model(*model, state, a.out, a.model_dir);
+  model->to(stored_float_dtype(a.model_dir));  // split in float32, stored as the source was
+  save_moe_model(*model, state, a.out, a.model_dir, max_shard);
 
   std::cout << fmt::format("{} -> {}: {} with N = {}, k = {} on layers {}\n", a.model_dir, a.out,
                            to_string(cfg.method), cfg.experts, cfg.topk,
@@ -114,6 +118,9 @@ void register_convert(CLI::App& app) {
                   "Text file for the coactivation split / MoEfication router");
   cmd->add_option("--sample-tokens", a->sample_tokens, "Tokens of sample text to use")
       ->capture_default_str();
+  cmd->add_option("--max-shard-size", a->max_shard_size,
+                  "Split the weights into Hugging Face shards of at most this size (500MB, 2GB, "
+                  "or bytes) with model.safetensors.index.json");
   add_run_flags(cmd, a->run);
   cmd->callback([a] { run_convert(*a); });
 }

@@ -3,6 +3,7 @@
 
 #include "commands.h"
 #include "emoe/core/error.h"
+#include "emoe/io/safetensors.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/moe/convert.h"
 
@@ -10,13 +11,15 @@ namespace emoe::cli {
 namespace {
 
 struct ExportArgs {
-  std::string moe_dir, out;
+  std::string moe_dir, out, max_shard_size;
   bool dense = false;
 };
 
 void run_export(const ExportArgs& a) {
   EMOE_CHECK(a.dense, UsageError,
              "export: pass --dense (recomposition to the original architecture)");
+  const uint64_t max_shard =
+      a.max_shard_size.empty() ? 0 : parse_byte_size(a.max_shard_size, "--max-shard-size");
   MoeState state;
   PeftConfig peft;
   auto model = load_any_model(a.moe_dir, {}, &state, &peft);
@@ -34,7 +37,8 @@ void run_export(const ExportArgs& a) {
     peft = PeftConfig();
     done.push_back("LoRA merged into the weights");
   }
-  save_any_model(*model, state, peft, a.out, a.moe_dir);
+  model->to(stored_float_dtype(a.moe_dir));  // computed in float32, stored as the source was
+  save_any_model(*model, state, peft, a.out, a.moe_dir, max_shard);
   if (peft.method != PeftMethod::kNone)
     done.push_back(fmt::format("{} adapters kept (peft.json): they have no dense form",
                                to_string(peft.method)));
@@ -52,6 +56,9 @@ void register_export(CLI::App& app) {
   cmd->add_option("MOE_DIR", a->moe_dir, "Converted model folder (with moe.json)")->required();
   cmd->add_flag("--dense", a->dense, "Recompose into the original dense architecture")->required();
   cmd->add_option("-o,--output", a->out, "Output folder")->required();
+  cmd->add_option("--max-shard-size", a->max_shard_size,
+                  "Split the weights into Hugging Face shards of at most this size (500MB, 2GB, "
+                  "or bytes) with model.safetensors.index.json");
   cmd->callback([a] { run_export(*a); });
 }
 

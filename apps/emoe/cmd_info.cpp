@@ -6,18 +6,54 @@
 
 #include "commands.h"
 #include "emoe/core/error.h"
+#include "emoe/core/runtime.h"
 #include "emoe/io/safetensors.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/moe/convert.h"
 #include "emoe/tokenizer/tokenizer.h"
+#include "emoe/train/memory.h"
 
 namespace emoe::cli {
 namespace {
 
 struct InfoArgs {
-  std::string model_dir;
-  bool json = false;
+  std::string model_dir, dtype = "float32";
+  bool json = false, memory = false;
+  int64_t batch = 32, seq_len = 128;  // the run config's train.batch_size and max_length
 };
+
+std::string human_bytes(int64_t n) {
+  const double x = static_cast<double>(n);
+  if (x >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", x / (1024.0 * 1024 * 1024));
+  if (x >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", x / (1024.0 * 1024));
+  if (x >= 1024.0) return fmt::format("{:.1f} KiB", x / 1024.0);
+  return fmt::format("{} B", n);
+}
+
+// The memory of a fine-tuning run per method (train/memory.h has the formulas).
+nlohmann::json memory_report(const InfoArgs& a) {
+  const auto dtype = parse_dtype(a.dtype);
+  nlohmann::json methods = nlohmann::json::array();
+  for (const auto& method : training_methods()) {
+    const TrainingMemory m = training_memory(a.model_dir, method, a.batch, a.seq_len, dtype);
+    methods.push_back({{"method", m.method},
+                       {"parameters", m.parameters},
+                       {"trainable", m.trainable},
+                       {"weights_bytes", m.weights},
+                       {"gradients_bytes", m.gradients},
+                       {"optimizer_bytes", m.optimizer},
+                       {"activations_bytes", m.activations},
+                       {"total_bytes", m.total()}});
+  }
+  return {{"batch", a.batch},
+          {"seq_len", a.seq_len},
+          {"dtype", dtype_name(dtype)},
+          {"formula",
+           "weights: parameters x bytes(dtype); gradients: trainable x bytes(dtype); AdamW: "
+           "trainable x 2 x 4 bytes (float32 moments); activations: layers x s*b*h*(34 + "
+           "5*a*s/h) x bytes(dtype)/2 (Korthikanti et al. 2022, eq. 1)"},
+          {"methods", methods}};
+}
 
 // Divisors of d_ff: the expert counts an even split allows.
 std::vector<int64_t> divisors(int64_t n) {
@@ -95,6 +131,7 @@ void run_info(const InfoArgs& a) {
   j["tokenizer"] = {{"kind", tok_kind}, {"vocab_size", tok_vocab}};
   if (!tok_error.empty()) j["tokenizer"]["error"] = tok_error;
   if (!moe.empty()) j["moe"] = moe.config.to_json();
+  if (a.memory) j["training_memory"] = memory_report(a);
   if (a.json) {
     std::cout << j.dump(2) << "\n";
     return;
@@ -133,6 +170,25 @@ void run_info(const InfoArgs& a) {
                              to_string(moe.config.method), moe.config.experts, moe.config.topk,
                              fmt::join(moe.config.layers, ","), to_string(moe.config.gate),
                              to_string(moe.config.execution));
+  if (a.memory) {
+    const auto& mem = j["training_memory"];
+    std::cout << fmt::format(
+        "\nmemory to fine-tune at batch {}, sequence length {}, {} weights (AdamW moments float32; "
+        "activations after Korthikanti et al. 2022: layers x s*b*h*(34 + 5*a*s/h) bytes at 16 "
+        "bits):\n",
+        a.batch, a.seq_len, mem["dtype"].get<std::string>());
+    std::cout << "| method | parameters | trainable | weights | gradients | AdamW state | "
+                 "activations | total |\n|---|---|---|---|---|---|---|---|\n";
+    for (const auto& m : mem["methods"])
+      std::cout << fmt::format(
+          "| {} | {} | {} | {} | {} | {} | {} | {} |\n", m["method"].get<std::string>(),
+          human(m["parameters"].get<int64_t>()), human(m["trainable"].get<int64_t>()),
+          human_bytes(m["weights_bytes"].get<int64_t>()),
+          human_bytes(m["gradients_bytes"].get<int64_t>()),
+          human_bytes(m["optimizer_bytes"].get<int64_t>()),
+          human_bytes(m["activations_bytes"].get<int64_t>()),
+          human_bytes(m["total_bytes"].get<int64_t>()));
+  }
 }
 
 }  // namespace
@@ -143,7 +199,21 @@ void register_info(CLI::App& app) {
   cmd->add_option("MODEL_DIR", args->model_dir, "Model folder (config.json + safetensors)")
       ->required();
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
-  cmd->callback([args] { run_info(*args); });
+  cmd->add_flag("--memory", args->memory,
+                "Memory a fine-tuning run needs per method: weights, gradients, AdamW state, "
+                "activations");
+  auto* batch = cmd->add_option("--batch", args->batch, "Batch size of the memory report")
+                    ->capture_default_str()
+                    ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  auto* seq = cmd->add_option("--seq-len", args->seq_len, "Sequence length of the memory report")
+                  ->capture_default_str()
+                  ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--dtype", args->dtype, "Weights dtype of the memory report: float32, bfloat16")
+      ->capture_default_str();
+  cmd->callback([args, batch, seq] {
+    if (batch->count() || seq->count()) args->memory = true;
+    run_info(*args);
+  });
 }
 
 }  // namespace emoe::cli

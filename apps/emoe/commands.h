@@ -23,6 +23,10 @@ struct RunSettings {
 };
 RunSettings apply_run_flags(const RunFlags& flags);
 
+// The floating dtype a model folder stores its weights in (its first floating tensor's; float32
+// when it has none): convert and export write their output in it, so bfloat16 stays bfloat16.
+c10::ScalarType stored_float_dtype(const std::string& model_dir);
+
 void register_info(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_forward(CLI::App& app);

@@ -1,8 +1,9 @@
-// Shared --threads/--device/--dtype handling.
+// Shared --threads/--device/--dtype handling, and the dtype a model folder stores.
 #include <spdlog/spdlog.h>
 
 #include "commands.h"
 #include "emoe/core/runtime.h"
+#include "emoe/io/safetensors.h"
 
 namespace emoe::cli {
 
@@ -21,6 +22,17 @@ RunSettings apply_run_flags(const RunFlags& flags) {
   s.threads = configure_threads(flags.threads);
   spdlog::debug("threads {}, device {}, dtype {}", s.threads, s.device.str(), dtype_name(s.dtype));
   return s;
+}
+
+c10::ScalarType stored_float_dtype(const std::string& model_dir) {
+  CheckpointReader ckpt(model_dir);
+  for (const auto& name : ckpt.names()) {
+    const auto& d = ckpt.entry(name).dtype;
+    if (d == "BF16") return c10::kBFloat16;
+    if (d == "F16") return c10::kHalf;
+    if (d == "F32" || d == "F64") return c10::kFloat;
+  }
+  return c10::kFloat;
 }
 
 }  // namespace emoe::cli

@@ -2,6 +2,8 @@
 // one error line, nothing half-written).
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "emoe/io/safetensors.h"
@@ -146,6 +148,46 @@ TEST(Cli, ConvertThenExportRoundTrips) {
   expect_one_error(run_emoe("convert " + dir + " -o " + tmp.file("x") + " --layers 9"),
                    "layer 9 does not exist");
   expect_one_error(run_emoe("export " + dir + " --dense -o " + tmp.file("x")), "already dense");
+  EXPECT_FALSE(fs::exists(tmp.file("x")));
+}
+
+// Issue 24: --max-shard-size writes Hugging Face shards that every command reads back; a bad size
+// is one error line and nothing is written.
+TEST(Cli, MaxShardSizeWritesShardsThatLoad) {
+  EMOE_REQUIRE_SHARED(dir, "models/stories260K/hf");
+  emoe::test::TempDir tmp;
+  auto r = run_emoe("convert " + dir + " -o " + tmp.file("moe") +
+                    " -N 4 -k 2 --layers 1,3 --restarts 2 --max-shard-size 300KB -q");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(tmp.file("moe/model.safetensors")));
+  auto index = nlohmann::json::parse(slurp(tmp.file("moe/model.safetensors.index.json")));
+  std::set<std::string> shards;
+  for (auto& [k, v] : index["weight_map"].items()) shards.insert(v.get<std::string>());
+  EXPECT_GE(shards.size(), 4u);  // about 1 MB of weights
+  for (size_t n = 1; n <= shards.size(); ++n)
+    EXPECT_TRUE(shards.count(fmt::format("model-{:05d}-of-{:05d}.safetensors", n, shards.size())));
+  EXPECT_TRUE(fs::exists(tmp.file("moe/moe.json")));
+  auto g = run_emoe("generate " + tmp.file("moe") + " -n 10 -q");
+  EXPECT_EQ(g.exit_code, 0) << g.err;
+  // export, sharded, back to the source's exact weights
+  r = run_emoe("export " + tmp.file("moe") + " --dense -o " + tmp.file("dense") +
+               " --max-shard-size 500000");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  emoe::CheckpointReader a(dir), b(tmp.file("dense"));
+  ASSERT_EQ(a.names(), b.names());
+  for (const auto& k : a.names()) EXPECT_TRUE(torch::equal(a.load(k), b.load(k))) << k;
+  auto i = run_emoe("info " + tmp.file("dense") + " --json");
+  ASSERT_EQ(i.exit_code, 0) << i.err;
+  // exporting again into the same folder without shards leaves one model.safetensors only
+  r = run_emoe("export " + tmp.file("moe") + " --dense -o " + tmp.file("dense") + " -q");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const auto& e : fs::directory_iterator(tmp.file("dense")))
+    EXPECT_EQ(e.path().filename().string().find("model-"), std::string::npos) << e.path();
+  EXPECT_FALSE(fs::exists(tmp.file("dense/model.safetensors.index.json")));
+  expect_one_error(run_emoe("export " + tmp.file("moe") + " --dense -o " + tmp.file("x") +
+                            " --max-shard-size 2XB"),
+                   "--max-shard-size: expected a size such as 500MB, 2GB, 10KB, 1GiB or a number "
+                   "of bytes, got '2XB'");
   EXPECT_FALSE(fs::exists(tmp.file("x")));
 }
 

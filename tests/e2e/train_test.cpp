@@ -3,6 +3,7 @@
 // reloads, and instruction tuning with MMLU scoring runs.
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "emoe/core/error.h"
 #include "emoe/io/safetensors.h"
@@ -76,6 +77,53 @@ TEST(TrainE2E, EveryMethodTrainsEvaluatesAndReloads) {
           res["parameters"]["trainable"].get<int64_t>() < res["parameters"]["total"].get<int64_t>(),
           method != "full");
   }
+}
+
+// Issue 24: an EMoE run reports its routed and its recomposed dense metrics apart, says which
+// form model/ holds, and each equals what `emoe eval` measures on that folder; max_shard_size
+// shards model/.
+TEST(TrainE2E, EmoeRunReportsRoutedAndDenseMetricsApart) {
+  EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
+  EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
+  emoe::test::TempDir tmp;
+  const auto out = tmp.file("emoe");
+  // top-1 of 4 experts: the routed model computes a quarter of each converted FFN
+  auto r = emoe::run_training(
+      tiny_run(bert, "emoe", out, {"moe.topk=1", "train.epochs=1", "max_shard_size=4MB"}), false);
+  const auto& res = r.results;
+  EXPECT_EQ(res["model_computes"], "dense");
+  EXPECT_EQ(res["model_moe_computes"], "routed");
+  ASSERT_TRUE(res.contains("best_routed") && res.contains("best_dense")) << res.dump();
+  EXPECT_EQ(res["best_routed"], res["best"]);
+  const double routed_loss = res["best_routed"]["dev"]["loss"].get<double>();
+  const double dense_loss = res["best_dense"]["dev"]["loss"].get<double>();
+  EXPECT_NE(routed_loss, dense_loss);  // k < N: the two forms differ
+  // model/ is sharded (bert-mini is about 11 MB in float32), model_moe/ too
+  EXPECT_TRUE(fs::exists(out + "/model/model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(out + "/model/model.safetensors"));
+  EXPECT_TRUE(fs::exists(out + "/model_moe/model.safetensors.index.json"));
+  // `emoe eval` of each folder measures what results.json says it computes
+  const std::string common =
+      " --task sst2 --data-dir " + emoe::test::shared_path("data") + " --max-length 32 --json -q";
+  // max_eval_examples=40 of the run: eval --max-examples 40 takes the same subset
+  // model/ without --max-length: the run's config.json gives max_length 32
+  const std::string data_flags =
+      " --task sst2 --data-dir " + emoe::test::shared_path("data") + " --json -q";
+  auto dense40 = emoe::test::run_emoe("eval " + out + "/model" + data_flags + " --max-examples 40");
+  auto routed40 =
+      emoe::test::run_emoe("eval " + out + "/model_moe" + common + " --max-examples 40");
+  ASSERT_EQ(dense40.exit_code, 0) << dense40.err;
+  ASSERT_EQ(routed40.exit_code, 0) << routed40.err;
+  auto d40 = nlohmann::json::parse(dense40.out)["dev"];
+  auto r40 = nlohmann::json::parse(routed40.out)["dev"];
+  EXPECT_NEAR(d40["loss"].get<double>(), dense_loss, 1e-4);
+  EXPECT_NEAR(r40["loss"].get<double>(), routed_loss, 1e-4);
+  EXPECT_EQ(d40["metrics"]["accuracy"], res["best_dense"]["dev"]["metrics"]["accuracy"]);
+  EXPECT_EQ(r40["metrics"]["accuracy"], res["best_routed"]["dev"]["metrics"]["accuracy"]);
+  // GMoE cannot be recomposed: model/ holds the routed form, no dense metrics apart
+  auto g = emoe::run_training(tiny_run(bert, "gmoe", tmp.file("gmoe"), {"train.epochs=1"}), false);
+  EXPECT_EQ(g.results["model_computes"], "routed");
+  EXPECT_FALSE(g.results.contains("best_dense"));
 }
 
 TEST(TrainE2E, ResumeFinishesWithBitwiseEqualWeights) {
@@ -211,10 +259,13 @@ TEST(TrainE2E, OwnDatasetNeedsNoGlueTask) {
       out << (i % 2 ? "a fine and lovely film" : "a dull and tiresome film") << " " << i << "\t"
           << (i % 2 ? "pos" : "neg") << "\n";
   }
+  std::ofstream(tmp.file("reviews/held.tsv"))
+      << "sentence\tlabel\na tiresome film\tneg\na lovely film\tpos\na fine film\tpos\n";
   auto cfg = emoe::load_run_config(
       "", {"model=" + bert,
            "dataset={train: " + tmp.file("reviews/train.tsv") +
-               ", dev: " + tmp.file("reviews/dev.tsv") + ", labels: [neg, pos]}",
+               ", dev: " + tmp.file("reviews/dev.tsv") +
+               ", ood: {held: " + tmp.file("reviews/held.tsv") + "}, labels: [neg, pos]}",
            "output=" + tmp.file("run"), "train.batch_size=4", "train.epochs=1",
            "train.max_length=16", "train.log_every=1"});
   EXPECT_EQ(cfg.task, "reviews");
@@ -222,6 +273,35 @@ TEST(TrainE2E, OwnDatasetNeedsNoGlueTask) {
   auto r = emoe::run_training(cfg, false);
   EXPECT_TRUE(r.results["best"]["dev"]["metrics"].contains("accuracy")) << r.results.dump();
   EXPECT_TRUE(fs::exists(tmp.file("run/model/config.json")));
+  // Issue 24: `emoe eval MODEL -c RUN` re-evaluates on the run's own files (dev and the
+  // out-of-domain set) at the run's max_length, as the run did
+  auto e = emoe::test::run_emoe("eval " + tmp.file("run/model") + " -c " +
+                                tmp.file("run/config.json") + " --json -q");
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  auto j = nlohmann::json::parse(e.out);
+  for (const char* set : {"dev", "held"}) {
+    SCOPED_TRACE(set);
+    ASSERT_TRUE(j.contains(set)) << e.out;
+    EXPECT_EQ(j[set]["examples"], r.results["best"][set]["examples"]);
+    EXPECT_EQ(j[set]["metrics"]["accuracy"], r.results["best"][set]["metrics"]["accuracy"]);
+    EXPECT_NEAR(j[set]["loss"].get<double>(), r.results["best"][set]["loss"].get<double>(), 1e-4);
+  }
+  // a YAML run config names its data the same way
+  std::ofstream(tmp.file("run.yaml"))
+      << "model: " << bert << "\ndataset:\n  train: " << tmp.file("reviews/train.tsv")
+      << "\n  dev: " << tmp.file("reviews/dev.tsv")
+      << "\n  labels: [neg, pos]\ntrain:\n  max_length: 16\n";
+  auto y = emoe::test::run_emoe("eval " + tmp.file("run/model") + " -c " + tmp.file("run.yaml") +
+                                " --json -q");
+  ASSERT_EQ(y.exit_code, 0) << y.err;
+  EXPECT_EQ(nlohmann::json::parse(y.out)["dev"], j["dev"]);
+  // -c and --task exclude each other; one of them is needed
+  auto both = emoe::test::run_emoe("eval " + tmp.file("run/model") + " -c " + tmp.file("run.yaml") +
+                                   " --task sst2");
+  EXPECT_EQ(both.exit_code, 2) << both.err;
+  auto none = emoe::test::run_emoe("eval " + tmp.file("run/model"));
+  EXPECT_EQ(none.exit_code, 2) << none.err;
+  EXPECT_NE(none.err.find("give --task T or -c RUN.yaml"), std::string::npos) << none.err;
 }
 
 // Weights that blow up under train.nonfinite: skip are never saved: whatever the run does (stop

@@ -1,9 +1,11 @@
 // Strict loading, legacy key names, config invariants, save/reload and dtype handling.
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "emoe/core/error.h"
 #include "emoe/io/safetensors.h"
+#include "emoe/methods/model_folder.h"
 #include "emoe/models/loader.h"
 #include "support/test_support.h"
 
@@ -118,6 +120,47 @@ TEST(ModelLoading, SaveAndReloadReproducesLogits) {
   }
 }
 
+// Issue 24: a model saved in Hugging Face shards reads back bit-identical and gives the same
+// logits; a later save into the same folder leaves no stale weights file beside its own.
+TEST(ModelLoading, ShardedSaveRoundTripsAndReplacesStaleWeights) {
+  EMOE_REQUIRE_SHARED(src, "fixtures/tiny/llama_lm");
+  emoe::test::TempDir tmp;
+  auto model = emoe::load_model(src);
+  const auto dir = tmp.file("model");
+  emoe::save_any_model(*model, {}, {}, dir, src, /*max_shard_bytes=*/20000);
+  EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));
+  ASSERT_TRUE(fs::exists(dir + "/model.safetensors.index.json"));
+  int shards = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("model-", 0) == 0) {
+      ++shards;
+      EXPECT_LE(fs::file_size(e.path()), 20000u + 4096) << e.path();  // + header
+    }
+  EXPECT_GT(shards, 1);
+  emoe::CheckpointReader original(src), sharded(dir);
+  ASSERT_EQ(sharded.names(), original.names());
+  for (const auto& name : original.names())
+    EXPECT_TRUE(torch::equal(sharded.load(name), original.load(name))) << name;
+  auto ids = torch::randint(3, 100, {2, 6}, torch::kLong);
+  EXPECT_TRUE(torch::equal(logits_of(dir, ids), logits_of(src, ids)));
+
+  // one file again: the index and the shards go
+  emoe::save_any_model(*model, {}, {}, dir, "");
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto name = e.path().filename().string();
+    EXPECT_EQ(name.find("model-"), std::string::npos) << name;
+    EXPECT_NE(name, "model.safetensors.index.json");
+  }
+  EXPECT_TRUE(torch::equal(logits_of(dir, ids), logits_of(src, ids)));
+  // and sharded again over it: model.safetensors goes (save_model, file by file, too)
+  emoe::save_model(*model, dir, {}, 20000);
+  EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));
+  EXPECT_TRUE(torch::equal(logits_of(dir, ids), logits_of(src, ids)));
+  // no staging folder is left beside the model
+  for (const auto& e : fs::directory_iterator(tmp.path()))
+    EXPECT_EQ(e.path().filename().string(), "model");
+}
+
 TEST(ModelLoading, NewHeadIsInitialisedOnlyWhenAllowed) {
   EMOE_REQUIRE_SHARED(src, "models/bert-mini");
   emoe::LoadOptions o;
@@ -145,6 +188,57 @@ TEST(ModelLoading, Bfloat16ComputeStaysCloseToFloat32) {
   auto b = m32->forward(in).logits;
   EXPECT_LT(emoe::test::max_abs_diff(a, b), 0.5);
   EXPECT_TRUE(torch::equal(a.argmax(-1), b.argmax(-1)));
+}
+
+// Issue 24: a bfloat16 checkpoint loaded with dtype bfloat16 is built and filled in bfloat16 (no
+// float32 model first), keeps its values bit for bit, saves as bfloat16, and computes what a
+// float32 load of the same weights computes within bfloat16's precision.
+TEST(ModelLoading, Bfloat16WeightsKeepTheirDtype) {
+  EMOE_REQUIRE_SHARED(src, "fixtures/tiny/llama_lm");
+  emoe::test::TempDir tmp;
+  {
+    auto m = emoe::load_model(src);
+    m->to(torch::kBFloat16);
+    emoe::save_model(*m, tmp.file("bf16"));
+  }
+  emoe::CheckpointReader stored(tmp.file("bf16"));
+  for (const auto& name : stored.names()) EXPECT_EQ(stored.entry(name).dtype, "BF16") << name;
+  auto cfg = nlohmann::json::parse(std::ifstream(tmp.file("bf16/config.json")));
+  EXPECT_EQ(cfg["torch_dtype"], "bfloat16");
+
+  emoe::LoadOptions o;
+  o.dtype = torch::kBFloat16;
+  // every tensor the model makes while it is built is bfloat16 already
+  bool all_bf16 = true;
+  auto m16 = emoe::load_model(tmp.file("bf16"), o, [&](emoe::PretrainedModelImpl& m) {
+    for (const auto& p : m.parameters()) all_bf16 = all_bf16 && p.scalar_type() == torch::kBFloat16;
+  });
+  EXPECT_TRUE(all_bf16);
+  for (const auto& p : m16->named_parameters()) {
+    EXPECT_EQ(p.value().scalar_type(), torch::kBFloat16) << p.key();
+    EXPECT_TRUE(torch::equal(p.value(), stored.load(m16->file_key(p.key())))) << p.key();
+  }
+  EXPECT_EQ(c10::get_default_dtype(), caffe2::TypeMeta::Make<float>());  // restored
+  // saved again: still bfloat16, bit-identical
+  emoe::save_model(*m16, tmp.file("again"));
+  emoe::CheckpointReader again(tmp.file("again"));
+  for (const auto& name : stored.names()) {
+    EXPECT_EQ(again.entry(name).dtype, "BF16") << name;
+    EXPECT_TRUE(torch::equal(again.load(name), stored.load(name))) << name;
+  }
+  // the float32 load of the same weights: logits within bfloat16's tolerance
+  auto m32 = emoe::load_model(tmp.file("bf16"));
+  EXPECT_EQ(m32->parameters()[0].scalar_type(), torch::kFloat);
+  emoe::ModelInputs in;
+  in.input_ids = torch::randint(3, 100, {2, 8}, torch::kLong);
+  torch::NoGradGuard g;
+  auto a = m16->forward(in).logits.to(torch::kFloat);
+  auto b = m32->forward(in).logits;
+  EXPECT_LT(emoe::test::max_abs_diff(a, b), 0.05 * std::max(1.0, b.abs().max().item<double>()));
+  // load_into converts on the way: a float32 destination from the bfloat16 file
+  auto dst = torch::empty(stored.entry("lm_head.weight").shape, torch::kFloat);
+  stored.load_into("lm_head.weight", dst);
+  EXPECT_TRUE(torch::equal(dst, stored.load("lm_head.weight").to(torch::kFloat)));
 }
 
 TEST(ConfigValidation, InvariantsNameBothValues) {

@@ -3,9 +3,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "emoe/core/error.h"
+#include "emoe/io/atomic_file.h"
 #include "support/test_support.h"
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -171,4 +175,93 @@ TEST(Safetensors, TruncatedFilesAreRejected) {
   std::filesystem::resize_file(full, size - 100);
   EXPECT_NE(error_of(full).find("out of range"), std::string::npos) << error_of(full);
   EXPECT_NE(error_of(tmp.file("nope.safetensors")).find("cannot open"), std::string::npos);
+}
+
+TEST(Safetensors, ByteSizesReadAsHuggingFaceSpellsThem) {
+  EXPECT_EQ(emoe::parse_byte_size("500MB", "x"), 500000000u);
+  EXPECT_EQ(emoe::parse_byte_size("2GB", "x"), 2000000000u);
+  EXPECT_EQ(emoe::parse_byte_size("10KB", "x"), 10000u);
+  EXPECT_EQ(emoe::parse_byte_size("1GiB", "x"), 1073741824u);
+  EXPECT_EQ(emoe::parse_byte_size("1.5MB", "x"), 1500000u);
+  EXPECT_EQ(emoe::parse_byte_size("8Kb", "x"), 1000u);  // bits, as Hugging Face reads "b"
+  EXPECT_EQ(emoe::parse_byte_size("4096", "x"), 4096u);
+  EXPECT_EQ(emoe::parse_byte_size("100B", "x"), 100u);
+  for (const char* bad : {"", "12XB", "-5MB", "0", "MB", "1e3", "2 G B"}) {
+    SCOPED_TRACE(bad);
+    try {
+      emoe::parse_byte_size(bad, "--max-shard-size");
+      FAIL() << "accepted";
+    } catch (const emoe::InputError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("--max-shard-size: expected a size such as 500MB", 0),
+                0u)
+          << e.what();
+    }
+  }
+}
+
+TEST(Safetensors, ShardedFolderReadsBackBitIdentical) {
+  emoe::test::TempDir tmp;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors = {
+      {"z.weight", torch::randn({64, 16})},                       // 4096 bytes
+      {"a.weight", torch::randn({16, 16}).to(torch::kBFloat16)},  // 512 bytes
+      {"m.big", torch::randn({2000})},                            // 8000 bytes: alone
+      {"b.ids", torch::arange(10)},                               // 80 bytes
+      {"c.half", torch::randn({3, 5}).to(torch::kHalf)}};         // 30 bytes
+  const auto files = emoe::save_safetensors_folder(tmp.path(), tensors, {{"format", "pt"}}, 4608);
+  EXPECT_EQ(files, (std::vector<std::string>{
+                       "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                       "model-00003-of-00003.safetensors", "model.safetensors.index.json"}));
+  EXPECT_FALSE(fs::exists(tmp.file("model.safetensors")));
+  auto index = nlohmann::json::parse(std::ifstream(tmp.file("model.safetensors.index.json")));
+  EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), 4096u + 512 + 8000 + 80 + 30);
+  EXPECT_EQ(index["weight_map"]["z.weight"], "model-00001-of-00003.safetensors");
+  EXPECT_EQ(index["weight_map"]["a.weight"], "model-00001-of-00003.safetensors");
+  EXPECT_EQ(index["weight_map"]["m.big"], "model-00002-of-00003.safetensors");
+  EXPECT_EQ(index["weight_map"]["c.half"], "model-00003-of-00003.safetensors");
+  emoe::CheckpointReader r(tmp.path());
+  EXPECT_EQ(r.names().size(), tensors.size());
+  for (const auto& [name, t] : tensors) {
+    auto back = r.load(name);
+    EXPECT_EQ(back.scalar_type(), t.scalar_type()) << name;
+    EXPECT_TRUE(torch::equal(back, t)) << name;
+  }
+  // under the limit: one model.safetensors, no index
+  emoe::test::TempDir one;
+  EXPECT_EQ(emoe::save_safetensors_folder(one.path(), tensors, {}, 1 << 20),
+            (std::vector<std::string>{"model.safetensors"}));
+  EXPECT_FALSE(fs::exists(one.file("model.safetensors.index.json")));
+}
+
+TEST(AtomicFolder, AFailedWriteLeavesTheOldFolderAndNoStaging) {
+  emoe::test::TempDir tmp;
+  const auto dir = tmp.file("model");
+  emoe::write_folder_atomic(
+      dir, [](const std::string& s) { std::ofstream(s + "/a.txt") << "one"; },
+      [](const std::string&) { return false; });
+  std::ofstream(dir + "/notes.md") << "kept";
+  EXPECT_THROW(emoe::write_folder_atomic(
+                   dir,
+                   [](const std::string& s) {
+                     std::ofstream(s + "/a.txt") << "two";
+                     throw emoe::RuntimeError("disk full");
+                   },
+                   [](const std::string&) { return false; }),
+               emoe::RuntimeError);
+  std::ifstream in(dir + "/a.txt");
+  std::string text;
+  in >> text;
+  EXPECT_EQ(text, "one");
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(tmp.path())) names.push_back(e.path().filename());
+  EXPECT_EQ(names, (std::vector<std::string>{"model"}));  // no staging folder left
+  // a successful write replaces what it owns, keeps other files, and leaves nothing beside
+  emoe::write_folder_atomic(
+      dir + "/", [](const std::string& s) { std::ofstream(s + "/b.txt") << "three"; },
+      [](const std::string& name) { return name == "a.txt"; });
+  EXPECT_FALSE(fs::exists(dir + "/a.txt"));
+  EXPECT_TRUE(fs::exists(dir + "/b.txt"));
+  EXPECT_TRUE(fs::exists(dir + "/notes.md"));
+  names.clear();
+  for (const auto& e : fs::directory_iterator(tmp.path())) names.push_back(e.path().filename());
+  EXPECT_EQ(names, (std::vector<std::string>{"model"}));
 }

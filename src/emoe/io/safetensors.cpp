@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 
 #include "emoe/core/error.h"
@@ -218,7 +220,46 @@ at::Tensor SafetensorsFile::load(const std::string& name, std::optional<c10::Sca
   at::Tensor view = at::from_blob(const_cast<uint8_t*>(data_ + e.begin), e.shape, options);
   c10::ScalarType target = info->type;
   if (dtype && at::isFloatingType(info->type) && at::isFloatingType(*dtype)) target = *dtype;
-  return view.to(device, target, /*non_blocking=*/false, /*copy=*/true);
+  at::Tensor out = view.to(device, target, /*non_blocking=*/false, /*copy=*/true);
+  release_pages(e.begin, e.end);
+  return out;
+}
+
+void SafetensorsFile::load_into(const std::string& name, at::Tensor& dst) const {
+  const TensorEntry& e = entry(name);
+  EMOE_CHECK(at::IntArrayRef(e.shape) == dst.sizes(), InputError,
+             "{}: tensor '{}': shape [{}] does not fit the destination [{}]", path_, name,
+             fmt::join(e.shape, ", "), fmt::join(dst.sizes(), ", "));
+  auto info = dtype_info(e.dtype);
+  at::Tensor view = at::from_blob(const_cast<uint8_t*>(data_ + e.begin), e.shape,
+                                  at::TensorOptions().dtype(info->type));
+  // copy_ converts dtype (and device) element by element: no whole-tensor temporary
+  constexpr uint64_t kBlockBytes = 16ull << 20;
+  const uint64_t bytes = e.end - e.begin;
+  const int64_t rows = e.shape.empty() ? 0 : e.shape[0];
+  if (rows < 2 || bytes <= kBlockBytes) {
+    dst.copy_(view);
+    release_pages(e.begin, e.end);
+    return;
+  }
+  const uint64_t row_bytes = bytes / static_cast<uint64_t>(rows);
+  const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kBlockBytes / row_bytes));
+  for (int64_t r = 0; r < rows; r += step) {
+    const int64_t n = std::min(step, rows - r);
+    dst.narrow(0, r, n).copy_(view.narrow(0, r, n));
+    release_pages(e.begin + static_cast<uint64_t>(r) * row_bytes,
+                  e.begin + static_cast<uint64_t>(r + n) * row_bytes);
+  }
+}
+
+// The mapping is private and read-only, so its pages can be dropped at any time (a later read
+// faults them in again from the file): the resident set then holds the copies, not the file too.
+void SafetensorsFile::release_pages(uint64_t begin, uint64_t end) const {
+  if (end <= begin) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<uintptr_t>(data_ + begin) & ~(page - 1);
+  const auto last = (reinterpret_cast<uintptr_t>(data_ + end) + page - 1) & ~(page - 1);
+  ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 std::map<std::string, at::Tensor> load_safetensors(const std::string& path) {
@@ -268,6 +309,86 @@ void save_safetensors(const std::string& path,
       out.write(static_cast<const char*>(t.data_ptr()),
                 static_cast<std::streamsize>(t.numel() * t.element_size()));
   });
+}
+
+uint64_t parse_byte_size(const std::string& text, const std::string& what) {
+  // a number, then an optional unit: B, KB..TB (powers of 1000), KiB..TiB (of 1024), kb..tb (bits)
+  static const std::regex pattern(
+      R"(^\s*([0-9]+(\.[0-9]+)?)\s*(([kKmMgGtT])([iI]?)([bB])|[bB])?\s*$)");
+  std::smatch m;
+  auto bad = [&]() {
+    return InputError(fmt::format(
+        "{}: expected a size such as 500MB, 2GB, 10KB, 1GiB or a number of bytes, got '{}'", what,
+        text));
+  };
+  if (!std::regex_match(text, m, pattern)) throw bad();
+  const double number = std::stod(m[1].str());
+  double scale = 1;
+  if (m[4].matched) {
+    const int power = std::string("kmgt").find(static_cast<char>(std::tolower(m[4].str()[0]))) + 1;
+    const bool binary = m[5].length() > 0;
+    scale = std::pow(binary ? 1024.0 : 1000.0, power);
+    if (!binary && m[6].str() == "b") scale /= 8;  // Hugging Face: "5Gb" is gigabits
+  }
+  const double bytes = std::floor(number * scale);
+  if (!(bytes >= 1) || bytes > 9.0e18) throw bad();
+  return static_cast<uint64_t>(bytes);
+}
+
+bool is_weights_file_name(const std::string& name) {
+  static const std::regex shard(R"(^model-[0-9]{5}-of-[0-9]{5}\.safetensors$)");
+  return name == "model.safetensors" || name == "model.safetensors.index.json" ||
+         std::regex_match(name, shard);
+}
+
+std::vector<std::string> save_safetensors_folder(
+    const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+    const std::map<std::string, std::string>& metadata, uint64_t max_shard_bytes) {
+  uint64_t total = 0;
+  for (const auto& [name, t] : tensors)
+    total += static_cast<uint64_t>(t.numel()) * static_cast<uint64_t>(t.element_size());
+  if (max_shard_bytes == 0 || total <= max_shard_bytes) {
+    save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, metadata);
+    return {"model.safetensors"};
+  }
+  // fill shards in the model's order (a layer's tensors stay together), as save_pretrained does
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> shards(1);
+  uint64_t in_shard = 0;
+  for (const auto& entry : tensors) {
+    const uint64_t bytes = static_cast<uint64_t>(entry.second.numel()) *
+                           static_cast<uint64_t>(entry.second.element_size());
+    if (!shards.back().empty() && in_shard + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(entry);
+    in_shard += bytes;
+  }
+  EMOE_CHECK(shards.size() <= 99999, InputError,
+             "{}: {} shards would be needed; the limit is 99999 (raise the maximum shard size)",
+             dir, shards.size());
+  nlohmann::ordered_json weight_map(nlohmann::ordered_json::value_t::object);
+  std::vector<std::string> written;
+  const size_t n = shards.size();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n);
+    save_safetensors((fs::path(dir) / file).string(), shards[i], metadata);
+    written.push_back(file);
+    for (const auto& [name, t] : shards[i]) weight_map[name] = file;
+  }
+  // sorted by tensor name, as Hugging Face writes it
+  nlohmann::ordered_json sorted_map(nlohmann::ordered_json::value_t::object);
+  std::vector<std::string> names;
+  for (auto it = weight_map.begin(); it != weight_map.end(); ++it) names.push_back(it.key());
+  std::sort(names.begin(), names.end());
+  for (const auto& k : names) sorted_map[k] = weight_map[k];
+  nlohmann::ordered_json index;
+  index["metadata"] = {{"total_size", total}};
+  index["weight_map"] = sorted_map;
+  write_text_atomic((fs::path(dir) / "model.safetensors.index.json").string(),
+                    index.dump(2) + "\n");
+  written.push_back("model.safetensors.index.json");
+  return written;
 }
 
 std::string find_weights(const std::string& dir) {
@@ -358,6 +479,12 @@ at::Tensor CheckpointReader::load(const std::string& name, std::optional<c10::Sc
   auto it = where_.find(name);
   EMOE_CHECK(it != where_.end(), InputError, "{}: no tensor named '{}'", source_, name);
   return files_[it->second]->load(name, dtype, device);
+}
+
+void CheckpointReader::load_into(const std::string& name, at::Tensor& dst) const {
+  auto it = where_.find(name);
+  EMOE_CHECK(it != where_.end(), InputError, "{}: no tensor named '{}'", source_, name);
+  files_[it->second]->load_into(name, dst);
 }
 
 }  // namespace emoe

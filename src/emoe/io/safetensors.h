@@ -44,8 +44,14 @@ class SafetensorsFile {
   // Copies the tensor out of the mapping; floating tensors are converted to `dtype` when given.
   at::Tensor load(const std::string& name, std::optional<c10::ScalarType> dtype = std::nullopt,
                   c10::Device device = c10::Device(c10::kCPU)) const;
+  // Copies the tensor straight from the mapping into `dst` (same shape; converted to dst's dtype
+  // and device on the way), with no intermediate tensor, in blocks of rows whose mapped pages
+  // are released as soon as they are copied: loading a whole model holds the model plus a few
+  // MiB of the file, not the model twice.
+  void load_into(const std::string& name, at::Tensor& dst) const;
 
  private:
+  void release_pages(uint64_t begin, uint64_t end) const;  // offsets in the data section
   std::string path_;
   void* map_ = nullptr;
   size_t map_size_ = 0;
@@ -60,6 +66,25 @@ class SafetensorsFile {
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       std::map<std::string, std::string> metadata = {});
+
+// "500MB", "2GB", "10KB", "1.5GiB", "5Gb" or a plain number of bytes, as Hugging Face's
+// max_shard_size reads them (KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024, a lower-case
+// "b" means bits). Anything else, or 0, is an InputError "<what>: expected ..., got '<text>'".
+uint64_t parse_byte_size(const std::string& text, const std::string& what);
+
+// True for the names a model folder's weights take: model.safetensors, its index, and
+// model-NNNNN-of-NNNNN.safetensors shards.
+bool is_weights_file_name(const std::string& name);
+
+// Writes a model's weights into the folder `dir` (which must exist): model.safetensors, or, when
+// max_shard_bytes > 0 and the tensors exceed it, model-0000i-of-0000n.safetensors shards plus
+// model.safetensors.index.json ({"metadata": {"total_size": N}, "weight_map": {name: file}}), as
+// Hugging Face's save_pretrained does. Tensors fill shards in the given order; one larger than
+// the limit gets a shard of its own. Each file is written atomically; the whole folder's
+// atomicity is the caller's (write_folder_atomic). Returns the names of the files written.
+std::vector<std::string> save_safetensors_folder(
+    const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+    const std::map<std::string, std::string>& metadata, uint64_t max_shard_bytes = 0);
 
 // Reads every tensor of a file into a name -> tensor map (for fixtures and small files).
 std::map<std::string, at::Tensor> load_safetensors(const std::string& path);
@@ -76,6 +101,7 @@ class CheckpointReader {
   const std::string& file_of(const std::string& name) const;
   at::Tensor load(const std::string& name, std::optional<c10::ScalarType> dtype = std::nullopt,
                   c10::Device device = c10::Device(c10::kCPU)) const;
+  void load_into(const std::string& name, at::Tensor& dst) const;  // as SafetensorsFile's
   const std::string& source() const { return source_; }
 
  private:

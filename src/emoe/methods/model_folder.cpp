@@ -2,6 +2,7 @@
 // together; the deliverables of a finished run.
 #include "emoe/methods/model_folder.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "emoe/core/error.h"
@@ -78,13 +79,31 @@ ModelPtr load_any_model(const std::string& dir, const LoadOptions& options, MoeS
 }
 
 void save_any_model(PretrainedModelImpl& model, const MoeState& moe, const PeftConfig& peft,
-                    const std::string& dir, const std::string& tokenizer_dir) {
-  save_moe_model(model, moe, dir, tokenizer_dir);
-  auto peft_path = (fs::path(dir) / "peft.json").string();
-  if (peft.method != PeftMethod::kNone)
-    write_text_atomic(peft_path, peft_config_to_json(peft).dump(1) + "\n");
-  else if (fs::exists(peft_path))
-    fs::remove(peft_path);
+                    const std::string& dir, const std::string& tokenizer_dir,
+                    uint64_t max_shard_bytes) {
+  const auto tokenizer_names = tokenizer_file_names();
+  const auto write = [&](const std::string& staging) {
+    write_model_files(model, staging,
+                      {{"emoe_moe", moe.empty() ? "none" : to_string(moe.config.method)}},
+                      max_shard_bytes);
+    if (!moe.empty())
+      write_text_atomic((fs::path(staging) / "moe.json").string(),
+                        moe_state_to_json(moe).dump(1) + "\n");
+    if (peft.method != PeftMethod::kNone)
+      write_text_atomic((fs::path(staging) / "peft.json").string(),
+                        peft_config_to_json(peft).dump(1) + "\n");
+    if (!tokenizer_dir.empty()) copy_tokenizer_files(tokenizer_dir, staging);
+  };
+  // what a save owns: an earlier save's weights, moe.json and peft.json go even when the new
+  // one has none; a new tokenizer replaces the old one's files whole
+  const auto replaced = [&](const std::string& name) {
+    if (is_weights_file_name(name) || name == "config.json" || name == "moe.json" ||
+        name == "peft.json")
+      return true;
+    return !tokenizer_dir.empty() &&
+           std::find(tokenizer_names.begin(), tokenizer_names.end(), name) != tokenizer_names.end();
+  };
+  write_folder_atomic(dir, write, replaced);
 }
 
 void copy_tokenizer_files(const std::string& from, const std::string& to) {
@@ -101,36 +120,34 @@ void copy_tokenizer_files(const std::string& from, const std::string& to) {
 }
 
 void save_moe_model(PretrainedModelImpl& model, const MoeState& state, const std::string& dir,
-                    const std::string& tokenizer_dir) {
-  save_model(model, dir, {{"emoe_moe", state.empty() ? "none" : to_string(state.config.method)}});
-  auto moe_path = (fs::path(dir) / "moe.json").string();
-  if (!state.empty()) {
-    write_text_atomic(moe_path, moe_state_to_json(state).dump(1) + "\n");
-  } else if (fs::exists(moe_path)) {
-    fs::remove(moe_path);
-  }
-  if (!tokenizer_dir.empty()) copy_tokenizer_files(tokenizer_dir, dir);
+                    const std::string& tokenizer_dir, uint64_t max_shard_bytes) {
+  save_any_model(model, state, PeftConfig(), dir, tokenizer_dir, max_shard_bytes);
+}
+
+bool recomposable(const MoeState& moe) {
+  return !moe.empty() && moe.config.method != MoeMethod::kGmoe;
 }
 
 void export_run_model(PretrainedModelImpl& model, MoeState moe, PeftConfig peft,
-                      const std::string& run_dir, const std::string& base_model,
-                      bool export_dense) {
+                      const std::string& run_dir, const std::string& base_model, bool export_dense,
+                      uint64_t max_shard_bytes) {
   const auto model_dir = (fs::path(run_dir) / "model").string();
   const auto adapter_dir = (fs::path(run_dir) / "adapter").string();
   if (peft.method == PeftMethod::kLora || peft.method == PeftMethod::kIa3)
     save_peft_adapter(model, peft, adapter_dir, fs::absolute(base_model).string());
   if (!moe.empty()) {
     // the MoE form as trained (for pruning and analysis), before any recomposition
-    save_any_model(model, moe, peft, (fs::path(run_dir) / "model_moe").string(), base_model);
+    save_any_model(model, moe, peft, (fs::path(run_dir) / "model_moe").string(), base_model,
+                   max_shard_bytes);
   }
   if (export_dense) {
     if (peft.method == PeftMethod::kLora) {
       merge_lora(model);
       peft = PeftConfig();
     }
-    if (!moe.empty() && moe.config.method != MoeMethod::kGmoe) recompose_dense(model, moe);
+    if (!moe.empty() && recomposable(moe)) recompose_dense(model, moe);
   }
-  save_any_model(model, moe, peft, model_dir, base_model);
+  save_any_model(model, moe, peft, model_dir, base_model, max_shard_bytes);
   spdlog::info(
       "best model written to {}{}", model_dir,
       moe.empty() && peft.method == PeftMethod::kNone ? " (plain Hugging Face checkpoint)" : "");

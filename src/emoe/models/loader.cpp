@@ -177,10 +177,9 @@ void load_weights(PretrainedModelImpl& model, const CheckpointReader& ckpt, bool
                model.summary().model_type, head_name(model.summary().head), fmt::join(parts, "; "));
   }
   torch::NoGradGuard no_grad;
-  for (const auto& [key, file_key] : plan) {
-    auto& dst = expected[key];
-    dst.copy_(ckpt.load(file_key, dst.scalar_type(), dst.device()));
-  }
+  // one tensor at a time straight from the mapping into the parameter: the peak is the model
+  // plus one tensor's pages, whatever the dtypes
+  for (const auto& [key, file_key] : plan) ckpt.load_into(file_key, expected[key]);
   if (!initialised.empty()) {
     model.init_head();
     spdlog::info("new {} head: initialised {} tensor(s) ({})", head_name(model.summary().head),
@@ -191,15 +190,38 @@ void load_weights(PretrainedModelImpl& model, const CheckpointReader& ckpt, bool
                  fmt::join(dropped, ", "));
 }
 
+namespace {
+
+// Tensors made without an explicit dtype take this one while the guard lives.
+class DefaultDtypeGuard {
+ public:
+  explicit DefaultDtypeGuard(c10::ScalarType t) : old_(c10::get_default_dtype()) {
+    c10::set_default_dtype(c10::scalarTypeToTypeMeta(t));
+  }
+  ~DefaultDtypeGuard() { c10::set_default_dtype(old_); }
+  DefaultDtypeGuard(const DefaultDtypeGuard&) = delete;
+  DefaultDtypeGuard& operator=(const DefaultDtypeGuard&) = delete;
+
+ private:
+  caffe2::TypeMeta old_;
+};
+
+}  // namespace
+
 ModelPtr load_model(const std::string& dir, const LoadOptions& options,
                     const std::function<void(PretrainedModelImpl&)>& prepare) {
   JsonFields config = read_model_config(dir);
   Head head = options.head.value_or(default_head(config));
-  auto model = create_model(config, head, options.num_labels);
-  if (prepare) prepare(*model);
+  ModelPtr model;
+  {
+    // built in the compute dtype, so a bfloat16 load never holds a float32 copy of the model
+    DefaultDtypeGuard dtype(options.dtype);
+    model = create_model(config, head, options.num_labels);
+    if (prepare) prepare(*model);
+  }
   CheckpointReader ckpt(dir);
   load_weights(*model, ckpt, options.allow_new_head);
-  model->to(options.device, options.dtype);
+  model->to(options.device, options.dtype);  // buffers made with an explicit dtype; the device
   model->eval();
   return model;
 }
@@ -211,15 +233,13 @@ std::vector<std::pair<std::string, torch::Tensor>> model_state(PretrainedModelIm
   return out;
 }
 
-void save_model(PretrainedModelImpl& model, const std::string& dir,
-                const std::map<std::string, std::string>& metadata) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  EMOE_CHECK(!ec, RuntimeError, "{}: cannot create directory: {}", dir, ec.message());
+std::vector<std::string> write_model_files(PretrainedModelImpl& model, const std::string& dir,
+                                           const std::map<std::string, std::string>& metadata,
+                                           uint64_t max_shard_bytes) {
   std::map<std::string, std::string> meta = metadata;
   meta["format"] = "pt";
   meta["emoe_version"] = EMOE_VERSION;
-  save_safetensors((fs::path(dir) / "model.safetensors").string(), model_state(model), meta);
+  auto written = save_safetensors_folder(dir, model_state(model), meta, max_shard_bytes);
   auto cfg = model.config_json();
   auto p = model.parameters();
   if (!p.empty()) {
@@ -229,6 +249,20 @@ void save_model(PretrainedModelImpl& model, const std::string& dir,
                                                : "float32";
   }
   write_text_atomic((fs::path(dir) / "config.json").string(), cfg.dump(2) + "\n");
+  return written;
+}
+
+void save_model(PretrainedModelImpl& model, const std::string& dir,
+                const std::map<std::string, std::string>& metadata, uint64_t max_shard_bytes) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  EMOE_CHECK(!ec, RuntimeError, "{}: cannot create directory: {}", dir, ec.message());
+  const auto written = write_model_files(model, dir, metadata, max_shard_bytes);
+  const std::set<std::string> keep(written.begin(), written.end());
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto name = e.path().filename().string();
+    if (is_weights_file_name(name) && !keep.count(name)) fs::remove(e.path(), ec);
+  }
 }
 
 ParameterCount count_parameters(torch::nn::Module& module) {

@@ -43,9 +43,20 @@ ModelPtr load_model(const std::string& dir, const LoadOptions& options = {},
 // The model's tensors under the keys Hugging Face writes (tied weights once).
 std::vector<std::pair<std::string, torch::Tensor>> model_state(PretrainedModelImpl& model);
 
-// Writes config.json and model.safetensors into `dir` (created if needed), each atomically.
+// Writes config.json and the weights (model.safetensors, or shards of at most max_shard_bytes with
+// model.safetensors.index.json when the weights exceed it; 0: one file) into the existing folder
+// `dir`, each file atomically. Returns the weights files' names.
+std::vector<std::string> write_model_files(PretrainedModelImpl& model, const std::string& dir,
+                                           const std::map<std::string, std::string>& metadata,
+                                           uint64_t max_shard_bytes = 0);
+
+// write_model_files into `dir` (created if needed), then removes weights files of an earlier
+// save that the new one does not use (a stale model.safetensors beside a new index, old shards).
+// Whole model folders are written with save_any_model (methods/model_folder.h), which replaces
+// the folder at once.
 void save_model(PretrainedModelImpl& model, const std::string& dir,
-                const std::map<std::string, std::string>& metadata = {});
+                const std::map<std::string, std::string>& metadata = {},
+                uint64_t max_shard_bytes = 0);
 
 // Parameter counts: all, and those with requires_grad.
 struct ParameterCount {

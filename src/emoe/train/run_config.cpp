@@ -11,6 +11,7 @@
 
 #include "emoe/core/error.h"
 #include "emoe/data/templates.h"
+#include "emoe/io/safetensors.h"
 
 namespace emoe {
 
@@ -476,6 +477,8 @@ nlohmann::json RunConfig::to_json() const {
                         {"device", device},
                         {"dtype", dtype},
                         {"threads", threads}};
+  // only when given: the config.json of other runs stays as it was (and --resume accepts it)
+  if (!max_shard_size.empty()) out["max_shard_size"] = max_shard_size;
   // only for seq2seq: the config.json of other runs stays as it was
   if (objective == ObjectiveKind::kSeq2Seq) {
     out["train"]["max_target_length"] = t.max_target_length;
@@ -539,6 +542,14 @@ RunConfig RunConfig::from_json(const nlohmann::json& j, const std::string& where
   r.get("output", c.output);
   r.get("save_best", c.save_best);
   r.get("export_dense", c.export_dense);
+  if (const auto* m = r.sub("max_shard_size")) {
+    // YAML reads a plain byte count as a number
+    EMOE_CHECK(m->is_string() || m->is_number_unsigned(), InputError,
+               "{}.max_shard_size: expected a size such as 500MB, 2GB or a number of bytes, got {}",
+               where, m->dump());
+    c.max_shard_size = m->is_string() ? m->get<std::string>() : std::to_string(m->get<uint64_t>());
+    c.max_shard_bytes = parse_byte_size(c.max_shard_size, where + ".max_shard_size");
+  }
   r.get("device", c.device);
   r.get("dtype", c.dtype);
   r.get("threads", c.threads);

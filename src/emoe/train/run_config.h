@@ -110,6 +110,10 @@ struct RunConfig {
   std::string output = "runs/run";
   bool save_best = true;     // write the best model as a Hugging Face folder
   bool export_dense = true;  // ... recomposed to the dense architecture when possible
+  // model/ and model_moe/ split into Hugging Face shards of at most this size ("2GB", "500MB",
+  // bytes); "" writes one model.safetensors. max_shard_bytes is its value, parsed once.
+  std::string max_shard_size;
+  uint64_t max_shard_bytes = 0;
   std::string device = "cpu";
   std::string dtype = "float32";
   int threads = 0;

@@ -15,6 +15,7 @@
 #include "emoe/io/atomic_file.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/models/architecture.h"
+#include "emoe/models/routed.h"
 #include "emoe/train/checkpoint.h"
 #include "emoe/train/method.h"
 
@@ -248,7 +249,7 @@ StepPlan plan_steps(const TrainOptions& o, int64_t n) {
   return p;
 }
 
-nlohmann::json run_results(TrainContext& c, const TrainState& st) {
+nlohmann::json run_results(TrainContext& c, const TrainState& st, const RunForms& forms) {
   nlohmann::json best_sets;
   for (const auto& h : st.history)
     if (h["epoch"].get<int64_t>() == st.best_epoch) best_sets = h["sets"];
@@ -271,6 +272,14 @@ nlohmann::json run_results(TrainContext& c, const TrainState& st) {
                         {"parameters", {{"total", counts.total}, {"trainable", counts.trainable}}},
                         {"history", st.history}};
   res["cost"] = cost_record(c);
+  // which form each folder computes: recomposed (dense), or routed as trained
+  const bool routed = !routed_modules(*c.model).empty();
+  res["model_computes"] = forms.recomposed ? "dense" : routed ? "routed" : "dense";
+  if (!c.moe.empty()) res["model_moe_computes"] = "routed";
+  if (forms.recomposed) {
+    res["best_routed"] = forms.routed.is_null() ? best_sets : forms.routed;
+    res["best_dense"] = forms.dense;
+  }
   c.objective->add_results(res, best_sets);
   return res;
 }

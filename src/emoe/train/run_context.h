@@ -64,8 +64,17 @@ struct StepPlan {
 };
 StepPlan plan_steps(const TrainOptions& o, int64_t n);
 
+// A converted model's best weights evaluated in both forms (null: not evaluated apart).
+struct RunForms {
+  bool recomposed = false;  // model/ holds the experts recomposed to the dense architecture
+  nlohmann::json routed;    // null: the epochs' own evaluations were routed
+  nlohmann::json dense;     // every routed layer computing its whole FFN (the dense override)
+};
+
 // What results.json holds: the best epoch's evaluation (from st.history), the run's numbers, its
-// analytic cost and the objective's own entries.
-nlohmann::json run_results(TrainContext& c, const TrainState& st);
+// analytic cost and the objective's own entries; for a converted model recomposed into model/,
+// "best_routed" and "best_dense" apart, and "model_computes" / "model_moe_computes" saying which
+// form each folder holds.
+nlohmann::json run_results(TrainContext& c, const TrainState& st, const RunForms& forms = {});
 
 }  // namespace emoe

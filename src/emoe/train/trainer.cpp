@@ -55,6 +55,19 @@ nlohmann::json evaluate_all(TrainContext& c, UsageRecorder& usage, int64_t step)
   return sets;
 }
 
+// Every evaluation set once more with each routed layer forced to route (dense = false) or to
+// compute its whole FFN (dense = true: what the recomposed model/ computes). Rank 0 alone, on
+// every example; the run's usage record is left as training made it.
+nlohmann::json evaluate_forced(TrainContext& c, bool dense, int64_t step) {
+  set_routed_dense_override(*c.model, dense);
+  UsageRecorder none;
+  PrecisionScope precision(c.cfg.train.precision, c.device);
+  EvalContext e{*c.model, *c.tok, c.pad_id, EvalShard{}, none, step};
+  nlohmann::json sets = c.objective->evaluate(e);
+  set_routed_dense_override(*c.model, false);
+  return sets;
+}
+
 void append_metrics(const std::string& path, const nlohmann::json& record) {
   std::ofstream out(path, std::ios::app);
   out << record.dump() << "\n";
@@ -378,11 +391,22 @@ TrainResult TrainLoop::run() {
     for (const auto& p : c_.model->named_parameters())
       p.value().copy_(best.load(p.key(), p.value().scalar_type(), p.value().device()));
   }
-  result.results = run_results(c_, st_);
+  // a converted model's two forms: routed (model_moe/) and recomposed to dense (model/); they
+  // differ when fewer experts than all are chosen per token
+  RunForms forms;
+  forms.recomposed = c_.cfg.export_dense && !c_.moe.empty() && recomposable(c_.moe);
+  if (forms.recomposed) {
+    forms.routed = c_.cfg.ablation == Ablation::kTrainMoeEvalDense
+                       ? evaluate_forced(c_, false, st_.step)
+                       : nlohmann::json();  // the epochs' evaluations were routed
+    forms.dense = evaluate_forced(c_, true, st_.step);
+  }
+  result.results = run_results(c_, st_, forms);
   usage_.save(c_.dir);
   if (c_.cfg.save_best) {
     require_finite_weights(*c_.model, (fs::path(c_.dir) / "model").string());
-    export_run_model(*c_.model, c_.moe, c_.peft, c_.dir, c_.cfg.model, c_.cfg.export_dense);
+    export_run_model(*c_.model, c_.moe, c_.peft, c_.dir, c_.cfg.model, c_.cfg.export_dense,
+                     c_.cfg.max_shard_bytes);
   }
   write_text_atomic((fs::path(c_.dir) / "results.json").string(), result.results.dump(2) + "\n");
   return result;
