@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -99,6 +100,21 @@ void make_fixtures(const std::string& t, const std::string& bert) {
     f[8] = '#';
     bad_write(p, f);
   }
+  edit_config(copy("dropout1"), [](nlohmann::json& j) { j["hidden_dropout_prob"] = 1.5; });
+  {  // a NaN as the first value of one (float32) tensor
+    auto p = copy("nanweight") + "/model.safetensors";
+    std::string f = bad_slurp(p);
+    uint64_t n = 0;
+    std::memcpy(&n, f.data(), 8);
+    auto h = nlohmann::json::parse(f.substr(8, n));
+    const auto& e = h["bert.embeddings.LayerNorm.bias"];
+    ASSERT_EQ(e["dtype"], "F32");
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(&f[8 + n + e["data_offsets"][0].get<size_t>()], &nan, sizeof nan);
+    bad_write(p, f);
+  }
+  bad_write(t + "/list.yaml", "- model: m\n- task: sst2\n");
+  bad_write(t + "/dup.yaml", "model: m\ntask: sst2\ntask: cola\n");
   bad_write(t + "/bad.yaml", "model: [unclosed\n");
   bad_write(t + "/unk.yaml", "model: m\ntask: sst2\nmethd: full\n");
   bad_write(t + "/type.yaml", "model: m\ntask: sst2\ntrain: {lr: abc}\n");
