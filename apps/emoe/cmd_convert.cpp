@@ -6,6 +6,7 @@
 #include "emoe/core/error.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/moe/convert.h"
+#include "output_folder.h"
 #include "sample_text.h"
 
 namespace emoe::cli {
@@ -26,6 +27,7 @@ void run_convert(const ConvertArgs& a) {
   namespace fs = std::filesystem;
   EMOE_CHECK(fs::absolute(a.out) != fs::absolute(a.model_dir), UsageError,
              "-o {}: the output folder must differ from the model folder", a.out);
+  NewOutputFolder out(a.out, "-o");  // refused before the work when it holds files already
   LoadOptions lo;
   lo.device = rs.device;
   MoeState existing;
@@ -58,6 +60,7 @@ void run_convert(const ConvertArgs& a) {
   auto state = convert_to_moe(*model, cfg, sample);
   state.source = a.model_dir;
   save_moe_model(*model, state, a.out, a.model_dir);
+  out.keep();
 
   std::cout << fmt::format("{} -> {}: {} with N = {}, k = {} on layers {}\n", a.model_dir, a.out,
                            to_string(cfg.method), cfg.experts, cfg.topk,

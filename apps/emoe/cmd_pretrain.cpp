@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "emoe/core/error.h"
 #include "emoe/train/pretrain.h"
+#include "output_folder.h"
 
 namespace emoe::cli {
 namespace {
@@ -23,7 +24,9 @@ void run_pretrain_cmd(const PretrainArgs& a) {
   if (!a.dtype.empty()) sets.push_back("dtype=" + a.dtype);
   if (a.threads >= 0) sets.push_back("threads=" + std::to_string(a.threads));
   auto cfg = load_pretrain_config(a.config, sets);
+  NewOutputFolder out(cfg.output, a.output.empty() ? "output" : "-o");
   auto r = run_pretraining(cfg);
+  out.keep();
   std::cout << fmt::format(
       "{}: {} ({} parameters, vocabulary {}), {} steps in {:.1f} s, loss {:.3f} -> {:.3f}\n", r.dir,
       cfg.arch, r.parameters, r.vocab_size, r.steps, r.seconds, r.first_loss, r.final_loss);
