@@ -81,6 +81,10 @@ void run_generate(const GenerateArgs& a) {
     ids = {*start};
   }
 
+  // a decoder's prompt takes positions too; refused before any of it is printed
+  EMOE_CHECK(seq2seq || s.max_positions <= 0 || static_cast<int64_t>(ids.size()) <= s.max_positions,
+             InputError, "--prompt: {} tokens, more than the {} positions of {} (config.json)",
+             ids.size(), s.max_positions, a.model_dir);
   if (!a.ignore_eos) o.eos_ids = eos;
   o.pad_id = pad;
   auto prompt = torch::tensor(ids, torch::kLong).unsqueeze(0);
