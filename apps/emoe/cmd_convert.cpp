@@ -102,7 +102,9 @@ void register_convert(CLI::App& app) {
                   "Layers, e.g. 8,10 or 8-11 or all (default: every other of the last four)");
   cmd->add_option("--split", a->split, "balanced-kmeans, random, contiguous or coactivation")
       ->capture_default_str();
-  cmd->add_option("--seed", a->seed, "Seed of the split")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Seed of the split")
+      ->capture_default_str()
+      ->check(non_negative_integer());
   cmd->add_option("--restarts", a->restarts, "Balanced k-means restarts")->capture_default_str();
   cmd->add_option("--max-iter", a->max_iter, "Balanced k-means iterations per restart")
       ->capture_default_str();
@@ -116,6 +118,7 @@ void register_convert(CLI::App& app) {
   cmd->add_option("--sample", a->sample,
                   "Text file for the coactivation split / MoEfication router");
   cmd->add_option("--sample-tokens", a->sample_tokens, "Tokens of sample text to use")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
       ->capture_default_str();
   add_run_flags(cmd, a->run);
   cmd->callback([a] { run_convert(*a); });

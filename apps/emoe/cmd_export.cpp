@@ -5,6 +5,7 @@
 #include "emoe/core/error.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/moe/convert.h"
+#include "output_folder.h"
 
 namespace emoe::cli {
 namespace {
@@ -17,6 +18,7 @@ struct ExportArgs {
 void run_export(const ExportArgs& a) {
   EMOE_CHECK(a.dense, UsageError,
              "export: pass --dense (recomposition to the original architecture)");
+  NewOutputFolder out(a.out, "-o");  // new or empty; removed again if the export fails
   MoeState state;
   PeftConfig peft;
   auto model = load_any_model(a.moe_dir, {}, &state, &peft);
@@ -35,6 +37,7 @@ void run_export(const ExportArgs& a) {
     done.push_back("LoRA merged into the weights");
   }
   save_any_model(*model, state, peft, a.out, a.moe_dir);
+  out.keep();
   if (peft.method != PeftMethod::kNone)
     done.push_back(fmt::format("{} adapters kept (peft.json): they have no dense form",
                                to_string(peft.method)));

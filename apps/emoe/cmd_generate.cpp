@@ -138,7 +138,9 @@ void register_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--num-beams", a->num_beams,
                   "Beam search with N beams (T5; default: generation_config.json, else 1)");
-  cmd->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Sampling seed")
+      ->capture_default_str()
+      ->check(non_negative_integer());
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at the end-of-sequence token");
   cmd->add_flag(
       "--show-special", a->show_special,

@@ -44,7 +44,8 @@ void register_pretrain(CLI::App& app) {
   cmd->add_option("--corpus", a->corpus,
                   "Text file, one document per line (same as --set corpus=FILE)");
   cmd->add_option("-o,--output", a->output, "Output model folder (same as --set output=DIR)");
-  cmd->add_option("--threads", a->threads, "Intra-op threads (default: one per core)");
+  cmd->add_option("--threads", a->threads, "Intra-op threads (default: one per core)")
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--device", a->device, "cpu, cuda or cuda:N (default: the config's, cpu)");
   cmd->add_option("--dtype", a->dtype, "float32 or bfloat16 (default: the config's, float32)");
   cmd->callback([a] { run_pretrain_cmd(*a); });

@@ -184,6 +184,8 @@ std::vector<SweepRun> plan_sweep(const SweepArgs& a, const std::string& root,
 void run_sweep(const SweepArgs& a) {
   RunConfig base = load_run_config(a.config, a.sets);
   std::string root = a.output.empty() ? base.output : a.output;
+  EMOE_CHECK(!fs::exists(root) || fs::is_directory(root), UsageError,
+             "{} {}: exists and is not a folder", a.output.empty() ? "output" : "-o", root);
   std::vector<std::string> methods =
       a.methods.empty() ? std::vector<std::string>{base.method} : split_commas(a.methods);
   EMOE_CHECK(!methods.empty(), UsageError, "--methods: expected a list like full,lora,emoe");

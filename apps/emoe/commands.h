@@ -23,6 +23,9 @@ struct RunSettings {
 };
 RunSettings apply_run_flags(const RunFlags& flags);
 
+// For unsigned options such as --seed: CLI11 would wrap -1 around to 2^64 - 1.
+CLI::Validator non_negative_integer();
+
 void register_info(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_forward(CLI::App& app);

@@ -1,6 +1,9 @@
 // Shared --threads/--device/--dtype handling.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cctype>
+
 #include "commands.h"
 #include "emoe/core/runtime.h"
 
@@ -21,6 +24,17 @@ RunSettings apply_run_flags(const RunFlags& flags) {
   s.threads = configure_threads(flags.threads);
   spdlog::debug("threads {}, device {}, dtype {}", s.threads, s.device.str(), dtype_name(s.dtype));
   return s;
+}
+
+CLI::Validator non_negative_integer() {
+  return CLI::Validator(
+      [](std::string& v) {
+        const bool ok = !v.empty() && std::all_of(v.begin(), v.end(), [](unsigned char c) {
+          return std::isdigit(c) != 0;
+        });
+        return ok ? std::string() : "expected a non-negative integer, got " + v;
+      },
+      "UINT");
 }
 
 }  // namespace emoe::cli
