@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -21,6 +22,7 @@
 
 namespace emoe::cli {
 namespace {
+namespace fs = std::filesystem;
 
 struct BenchArgs {
   std::string model_dir, methods = "dense,lora,ia3,emoe,gmoe,mov,molora", single, json_out;
@@ -152,6 +154,22 @@ void run_bench(const BenchArgs& a) {
   for (const auto& m : methods)
     EMOE_CHECK(known.count(m), UsageError, "--methods: unknown method '{}' (known: {})", m,
                fmt::join(known, ", "));
+  // bad input is refused here, once, before any method is measured in its own process (a child's
+  // error came back as exit 1 with a second line before)
+  apply_run_flags(a.run);
+  if (!a.json_out.empty()) {
+    const auto parent = fs::absolute(a.json_out).parent_path();
+    EMOE_CHECK(fs::is_directory(parent), UsageError, "--json {}: the folder {} does not exist",
+               a.json_out, parent.string());
+  }
+  {
+    auto model = load_any_model(a.model_dir);
+    const ModelSummary s = model->summary();
+    for (const auto& m : methods) {
+      auto cfg = bench_config(a, m, s.intermediate_size, s.num_layers);
+      if (cfg.uses_moe()) cfg.moe.validate(s.ffn_layers(), s.intermediate_size);
+    }
+  }
   const std::string self = self_executable();
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& m : methods) {

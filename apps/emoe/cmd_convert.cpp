@@ -7,6 +7,7 @@
 #include "emoe/io/safetensors.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/moe/convert.h"
+#include "output_folder.h"
 #include "sample_text.h"
 
 namespace emoe::cli {
@@ -29,6 +30,7 @@ void run_convert(const ConvertArgs& a) {
       a.max_shard_size.empty() ? 0 : parse_byte_size(a.max_shard_size, "--max-shard-size");
   EMOE_CHECK(fs::absolute(a.out) != fs::absolute(a.model_dir), UsageError,
              "-o {}: the output folder must differ from the model folder", a.out);
+  NewOutputFolder out(a.out, "-o");  // refused before the work when it holds files already
   LoadOptions lo;
   lo.device = rs.device;
   MoeState existing;
@@ -62,6 +64,7 @@ void run_convert(const ConvertArgs& a) {
   state.source = a.model_dir;
   model->to(stored_float_dtype(a.model_dir));  // split in float32, stored as the source was
   save_moe_model(*model, state, a.out, a.model_dir, max_shard);
+  out.keep();
 
   std::cout << fmt::format("{} -> {}: {} with N = {}, k = {} on layers {}\n", a.model_dir, a.out,
                            to_string(cfg.method), cfg.experts, cfg.topk,
@@ -103,7 +106,9 @@ void register_convert(CLI::App& app) {
                   "Layers, e.g. 8,10 or 8-11 or all (default: every other of the last four)");
   cmd->add_option("--split", a->split, "balanced-kmeans, random, contiguous or coactivation")
       ->capture_default_str();
-  cmd->add_option("--seed", a->seed, "Seed of the split")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Seed of the split")
+      ->capture_default_str()
+      ->check(non_negative_integer());
   cmd->add_option("--restarts", a->restarts, "Balanced k-means restarts")->capture_default_str();
   cmd->add_option("--max-iter", a->max_iter, "Balanced k-means iterations per restart")
       ->capture_default_str();
@@ -117,6 +122,7 @@ void register_convert(CLI::App& app) {
   cmd->add_option("--sample", a->sample,
                   "Text file for the coactivation split / MoEfication router");
   cmd->add_option("--sample-tokens", a->sample_tokens, "Tokens of sample text to use")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
       ->capture_default_str();
   cmd->add_option("--max-shard-size", a->max_shard_size,
                   "Split the weights into Hugging Face shards of at most this size (500MB, 2GB, "

@@ -40,7 +40,8 @@ void register_demo(CLI::App& app) {
                   "Comma-separated methods to compare (default full,lora,emoe)")
       ->delimiter(',');
   cmd->add_option("--seed", a->o.seed, "Seed of the data, pretraining and fine-tuning")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(non_negative_integer());
   cmd->add_flag("--quick", a->o.quick, "A much smaller configuration (seconds; for tests)");
   cmd->add_option("--model", a->o.model,
                   "Your Hugging Face model folder instead of the built-in one");
@@ -48,9 +49,11 @@ void register_demo(CLI::App& app) {
   cmd->add_option("--data", a->o.data_dir, "Data folder for --task (GLUE layout)")
       ->capture_default_str();
   cmd->add_option("--max-train-examples", a->o.max_train_examples, "Training subset for --task")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--pretrain-steps", a->o.pretrain_steps,
-                  "Masked-LM steps of the built-in model (default 600)");
+                  "Masked-LM steps of the built-in model (default 600)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   add_run_flags(cmd, a->run);
   cmd->callback([a] { run_demo_cmd(*a); });
 }

@@ -6,6 +6,7 @@
 #include "emoe/io/safetensors.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/moe/convert.h"
+#include "output_folder.h"
 
 namespace emoe::cli {
 namespace {
@@ -20,6 +21,7 @@ void run_export(const ExportArgs& a) {
              "export: pass --dense (recomposition to the original architecture)");
   const uint64_t max_shard =
       a.max_shard_size.empty() ? 0 : parse_byte_size(a.max_shard_size, "--max-shard-size");
+  NewOutputFolder out(a.out, "-o");  // new or empty; removed again if the export fails
   MoeState state;
   PeftConfig peft;
   auto model = load_any_model(a.moe_dir, {}, &state, &peft);
@@ -39,6 +41,7 @@ void run_export(const ExportArgs& a) {
   }
   model->to(stored_float_dtype(a.moe_dir));  // computed in float32, stored as the source was
   save_any_model(*model, state, peft, a.out, a.moe_dir, max_shard);
+  out.keep();
   if (peft.method != PeftMethod::kNone)
     done.push_back(fmt::format("{} adapters kept (peft.json): they have no dense form",
                                to_string(peft.method)));

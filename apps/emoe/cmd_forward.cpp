@@ -16,6 +16,47 @@ struct ForwardArgs {
   RunFlags run;
 };
 
+// Labels as the head's loss reads them, checked before the model sees them (out of range, libtorch
+// stops with "Target 5 is out of bounds" or an index error). Language-model heads: a token id or
+// -100 (ignored) per position; sequence classification with integer labels: a class id per row
+// (or a 0/1 row of num_labels for multi-label); float labels: regression / multi-label targets.
+void check_labels(const std::string& file, const ModelInputs& in, const ModelSummary& s) {
+  const auto& y = in.labels;
+  if (!y.defined() || s.head == Head::kBase) return;
+  const bool integer = !at::isFloatingType(y.scalar_type()) && y.scalar_type() != torch::kBool;
+  const int64_t b = in.input_ids.size(0);
+  const std::string shape = fmt::format("[{}]", fmt::join(y.sizes(), ", "));
+  if (s.head == Head::kSequenceClassification) {
+    const bool per_row = y.numel() == b;
+    const bool per_label = y.dim() == 2 && y.size(0) == b && y.size(1) == s.num_labels;
+    EMOE_CHECK(per_row || per_label, InputError,
+               "{}: tensor 'labels': expected [{}] (one per row) or [{}, {}] (num_labels), got {}",
+               file, b, b, s.num_labels, shape);
+    if (!integer || s.num_labels < 2 || y.numel() == 0) return;
+    const auto lo = y.min().item<int64_t>(), hi = y.max().item<int64_t>();
+    EMOE_CHECK(lo >= 0 && hi < s.num_labels, InputError,
+               "{}: tensor 'labels': class ids must lie in [0, {}) (num_labels), found {}..{}",
+               file, s.num_labels, lo, hi);
+    return;
+  }
+  // masked, causal and seq2seq language models
+  EMOE_CHECK(integer, InputError,
+             "{}: tensor 'labels': expected token ids (an integer dtype), got {}", file,
+             c10::toString(y.scalar_type()));
+  if (s.head == Head::kSeq2SeqLM)
+    EMOE_CHECK(y.dim() == 2 && y.size(0) == b && y.size(1) > 0, InputError,
+               "{}: tensor 'labels': expected a non-empty [{}, seq], got {}", file, b, shape);
+  else
+    EMOE_CHECK(y.sizes() == in.input_ids.sizes(), InputError,
+               "{}: tensor 'labels': shape {} differs from input_ids [{}]", file, shape,
+               fmt::join(in.input_ids.sizes(), ", "));
+  const auto kept = y.to(torch::kLong).masked_fill(y.to(torch::kLong) == -100, 0);
+  const auto lo = kept.min().item<int64_t>(), hi = kept.max().item<int64_t>();
+  EMOE_CHECK(lo >= 0 && hi < s.vocab_size, InputError,
+             "{}: tensor 'labels': ids must lie in [0, {}) or be -100 (ignored), found {}..{}",
+             file, s.vocab_size, lo, hi);
+}
+
 void run_forward(const ForwardArgs& a) {
   auto rs = apply_run_flags(a.run);
   SafetensorsFile in_file(a.input);
@@ -90,6 +131,7 @@ void run_forward(const ForwardArgs& a) {
                  s.vocab_size, dlo, dhi);
     }
   }
+  check_labels(a.input, in, s);
   if (in.position_ids.defined()) {
     auto pmax = in.position_ids.max().item<int64_t>();
     EMOE_CHECK(in.position_ids.min().item<int64_t>() >= 0 && pmax < s.max_positions, InputError,
@@ -97,7 +139,12 @@ void run_forward(const ForwardArgs& a) {
                s.max_positions, pmax);
   }
   torch::NoGradGuard no_grad;
-  auto out = model->forward(in);
+  ModelOutputs out;
+  try {  // what only the model knows (BERT's token types): named with the input file
+    out = model->forward(in);
+  } catch (const InputError& e) {
+    EMOE_THROW(InputError, "{}: {}", a.input, e.what());
+  }
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   auto f32 = [](const torch::Tensor& t) { return t.to(torch::kCPU).to(torch::kFloat); };
   if (out.logits.defined()) tensors.emplace_back("logits", f32(out.logits));

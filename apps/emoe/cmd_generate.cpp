@@ -81,6 +81,10 @@ void run_generate(const GenerateArgs& a) {
     ids = {*start};
   }
 
+  // a decoder's prompt takes positions too; refused before any of it is printed
+  EMOE_CHECK(seq2seq || s.max_positions <= 0 || static_cast<int64_t>(ids.size()) <= s.max_positions,
+             InputError, "--prompt: {} tokens, more than the {} positions of {} (config.json)",
+             ids.size(), s.max_positions, a.model_dir);
   if (!a.ignore_eos) o.eos_ids = eos;
   o.pad_id = pad;
   auto prompt = torch::tensor(ids, torch::kLong).unsqueeze(0);
@@ -134,7 +138,9 @@ void register_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--num-beams", a->num_beams,
                   "Beam search with N beams (T5; default: generation_config.json, else 1)");
-  cmd->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Sampling seed")
+      ->capture_default_str()
+      ->check(non_negative_integer());
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at the end-of-sequence token");
   cmd->add_flag(
       "--show-special", a->show_special,

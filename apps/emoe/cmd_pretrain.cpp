@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "emoe/core/error.h"
 #include "emoe/train/pretrain.h"
+#include "output_folder.h"
 
 namespace emoe::cli {
 namespace {
@@ -23,7 +24,9 @@ void run_pretrain_cmd(const PretrainArgs& a) {
   if (!a.dtype.empty()) sets.push_back("dtype=" + a.dtype);
   if (a.threads >= 0) sets.push_back("threads=" + std::to_string(a.threads));
   auto cfg = load_pretrain_config(a.config, sets);
+  NewOutputFolder out(cfg.output, a.output.empty() ? "output" : "-o");
   auto r = run_pretraining(cfg);
+  out.keep();
   std::cout << fmt::format(
       "{}: {} ({} parameters, vocabulary {}), {} steps in {:.1f} s, loss {:.3f} -> {:.3f}\n", r.dir,
       cfg.arch, r.parameters, r.vocab_size, r.steps, r.seconds, r.first_loss, r.final_loss);
@@ -41,7 +44,8 @@ void register_pretrain(CLI::App& app) {
   cmd->add_option("--corpus", a->corpus,
                   "Text file, one document per line (same as --set corpus=FILE)");
   cmd->add_option("-o,--output", a->output, "Output model folder (same as --set output=DIR)");
-  cmd->add_option("--threads", a->threads, "Intra-op threads (default: one per core)");
+  cmd->add_option("--threads", a->threads, "Intra-op threads (default: one per core)")
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--device", a->device, "cpu, cuda or cuda:N (default: the config's, cpu)");
   cmd->add_option("--dtype", a->dtype, "float32 or bfloat16 (default: the config's, float32)");
   cmd->callback([a] { run_pretrain_cmd(*a); });

@@ -28,8 +28,14 @@ struct PruneArgs {
 void run_prune(const PruneArgs& a) {
   auto rs = apply_run_flags(a.run);
   const fs::path run(a.run_dir);
-  auto cfg = RunConfig::from_json(JsonFields::from_file((run / "config.json").string()).raw(),
-                                  (run / "config.json").string());
+  EMOE_CHECK(fs::is_directory(run), InputError,
+             "{}: not a folder (prune takes the run folder of an MoE training run)", a.run_dir);
+  const auto config = JsonFields::from_file((run / "config.json").string());
+  EMOE_CHECK(!config.has("model_type"), InputError,
+             "{}: is a model folder (config.json has a model_type); prune takes the run folder of "
+             "an MoE training run (its config.json, usage.json and model_moe/)",
+             a.run_dir);
+  auto cfg = RunConfig::from_json(config.raw(), (run / "config.json").string());
   EMOE_CHECK(cfg.objective == ObjectiveKind::kClassification, UsageError,
              "{}: prune evaluates classification runs", a.run_dir);
   const auto model_dir = (run / "model_moe").string();

@@ -4,11 +4,15 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "commands.h"
 #include "emoe/core/error.h"
 #include "emoe/io/atomic_file.h"
+#include "emoe/io/hf_config.h"
+#include "emoe/models/loader.h"
 #include "emoe/train/run_data.h"
 #include "emoe/train/trainer.h"
 
@@ -49,18 +53,32 @@ Stat stat_of(const std::vector<double>& v) {
   return s;
 }
 
+// A comma list of a flag with no value given twice (two runs would share one output folder).
+void check_no_repeats(const std::vector<std::string>& values, const std::string& flag,
+                      const std::string& what) {
+  std::set<std::string> seen;
+  for (const auto& v : values)
+    EMOE_CHECK(seen.insert(v).second, UsageError, "{}: {} '{}' is listed twice", flag, what, v);
+}
+
 // The grid: the cartesian product of key=v1,v2 options ("lr" is short for train.lr).
 std::vector<std::vector<std::string>> grid_points(const std::vector<std::string>& grid) {
   std::vector<std::vector<std::string>> points = {{}};
+  std::set<std::string> keys;
   for (const auto& g : grid) {
     auto eq = g.find('=');
-    EMOE_CHECK(eq != std::string::npos, UsageError, "--grid {}: expected key=v1,v2,...", g);
+    EMOE_CHECK(eq != std::string::npos && eq > 0, UsageError, "--grid {}: expected key=v1,v2,...",
+               g);
     std::string key = g.substr(0, eq);
     if (key == "lr" || key == "epochs" || key == "batch_size" || key == "seed")
       key = "train." + key;
+    EMOE_CHECK(keys.insert(key).second, UsageError, "--grid {}: key '{}' is given twice", g, key);
+    const auto values = split_commas(g.substr(eq + 1));
+    EMOE_CHECK(!values.empty(), UsageError, "--grid {}: expected key=v1,v2,...", g);
+    check_no_repeats(values, "--grid " + g, "value");
     std::vector<std::vector<std::string>> next;
     for (const auto& p : points)
-      for (const auto& v : split_commas(g.substr(eq + 1))) {
+      for (const auto& v : values) {
         auto q = p;
         q.push_back(key + "=" + v);
         next.push_back(q);
@@ -90,14 +108,95 @@ void write_sweep_report(const SweepArgs& a, const RunConfig& base, const std::st
   write_text_atomic((fs::path(root) / "sweep.json").string(), all.dump(1) + "\n");
 }
 
+// One run of the sweep: a method at a grid point with a seed, its config resolved.
+struct SweepRun {
+  std::string method, seed, out;
+  size_t point = 0;
+  RunConfig cfg;
+};
+
+std::string point_tag(const std::vector<std::string>& point) {
+  std::string tag;
+  for (const auto& kv : point)
+    tag += (tag.empty() ? "" : "_") +
+           kv.substr(kv.find('.') == std::string::npos ? 0 : kv.find('.') + 1);
+  return tag.empty() ? "default" : tag;
+}
+
+// What training checks against the model before it writes anything (the MoE layers, N and k
+// against the model's layers and d_ff), asked of every run up front. Models are built once per
+// folder, without weights (their sizes are checked before anything is allocated).
+void check_run_fits_model(const RunConfig& cfg, std::map<std::string, ModelSummary>& models) {
+  auto it = models.find(cfg.model);
+  if (it == models.end()) {
+    auto model = create_model(read_model_config(cfg.model), Head::kBase);
+    it = models.emplace(cfg.model, model->summary()).first;
+  }
+  const ModelSummary& s = it->second;
+  if (!cfg.uses_moe()) return;
+  MoeConfig moe = cfg.moe;
+  if (moe.layers.empty()) moe.layers = default_moe_layers(s.ffn_layers());
+  moe.validate(s.ffn_layers(), s.intermediate_size);
+}
+
+// Every run of the sweep, each config resolved and checked before the first one trains: a bad
+// grid point is refused before any run is written.
+std::vector<SweepRun> plan_sweep(const SweepArgs& a, const std::string& root,
+                                 const std::vector<std::string>& methods,
+                                 const std::vector<std::string>& seeds,
+                                 const std::vector<std::vector<std::string>>& points) {
+  for (const auto& ms : a.method_sets) {
+    auto colon = ms.find(':');
+    EMOE_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < ms.size(), UsageError,
+               "--method-set {}: expected METHOD:key=value", ms);
+    const std::string m = ms.substr(0, colon);
+    EMOE_CHECK(std::find(methods.begin(), methods.end(), m) != methods.end(), UsageError,
+               "--method-set {}: method '{}' is not one of the sweep's methods ({})", ms, m,
+               fmt::join(methods, ", "));
+  }
+  std::vector<SweepRun> runs;
+  std::map<std::string, ModelSummary> models;
+  for (const auto& method : methods)
+    for (size_t pi = 0; pi < points.size(); ++pi)
+      for (const auto& seed : seeds) {
+        auto sets = a.sets;
+        sets.push_back("method=" + method);
+        for (const auto& ms : a.method_sets)
+          if (ms.substr(0, ms.find(':')) == method) sets.push_back(ms.substr(ms.find(':') + 1));
+        sets.push_back("train.seed=" + seed);
+        for (const auto& kv : points[pi]) sets.push_back(kv);
+        SweepRun r;
+        r.method = method, r.seed = seed, r.point = pi;
+        r.out = (fs::path(root) / method / point_tag(points[pi]) / ("seed-" + seed)).string();
+        sets.push_back("output=" + r.out);
+        try {
+          r.cfg = load_run_config(a.config, sets);
+          check_run_fits_model(r.cfg, models);
+        } catch (const InputError& e) {
+          EMOE_THROW(InputError, "sweep run {} {} seed {}: {}", method, point_tag(points[pi]), seed,
+                     e.what());
+        }
+        runs.push_back(std::move(r));
+      }
+  return runs;
+}
+
 void run_sweep(const SweepArgs& a) {
   RunConfig base = load_run_config(a.config, a.sets);
   std::string root = a.output.empty() ? base.output : a.output;
+  EMOE_CHECK(!fs::exists(root) || fs::is_directory(root), UsageError,
+             "{} {}: exists and is not a folder", a.output.empty() ? "output" : "-o", root);
   std::vector<std::string> methods =
       a.methods.empty() ? std::vector<std::string>{base.method} : split_commas(a.methods);
+  EMOE_CHECK(!methods.empty(), UsageError, "--methods: expected a list like full,lora,emoe");
+  check_no_repeats(methods, "--methods " + a.methods, "method");
   std::vector<std::string> seeds = split_commas(a.seeds);
   EMOE_CHECK(!seeds.empty(), UsageError, "--seeds: expected a list like 0,1,2");
+  check_no_repeats(seeds, "--seeds " + a.seeds, "seed");
   const std::vector<std::vector<std::string>> points = grid_points(a.grid);
+  const std::vector<SweepRun> runs = plan_sweep(a, root, methods, seeds, points);
+  spdlog::info("sweep: {} runs ({} methods x {} grid points x {} seeds), every config checked",
+               runs.size(), methods.size(), points.size(), seeds.size());
   nlohmann::json all = nlohmann::json::array();
   std::vector<std::string> table;
   std::vector<std::string> set_names;
@@ -105,53 +204,36 @@ void run_sweep(const SweepArgs& a) {
     // per grid point: the best-epoch dev score of each seed, and the sets' main metrics
     std::vector<std::map<std::string, std::vector<double>>> per_point(points.size());
     std::string main_metric;
-    for (size_t pi = 0; pi < points.size(); ++pi) {
-      std::string tag;
-      for (const auto& kv : points[pi])
-        tag += (tag.empty() ? "" : "_") +
-               kv.substr(kv.find('.') == std::string::npos ? 0 : kv.find('.') + 1);
-      if (tag.empty()) tag = "default";
-      for (const auto& seed : seeds) {
-        auto sets = a.sets;
-        sets.push_back("method=" + method);
-        for (const auto& ms : a.method_sets) {
-          auto colon = ms.find(':');
-          EMOE_CHECK(colon != std::string::npos && colon > 0, UsageError,
-                     "--method-set {}: expected METHOD:key=value", ms);
-          if (ms.substr(0, colon) == method) sets.push_back(ms.substr(colon + 1));
-        }
-        sets.push_back("train.seed=" + seed);
-        for (const auto& kv : points[pi]) sets.push_back(kv);
-        std::string out = (fs::path(root) / method / tag / ("seed-" + seed)).string();
-        sets.push_back("output=" + out);
-        RunConfig cfg = load_run_config(a.config, sets);
-        nlohmann::json res;
-        auto res_path = fs::path(out) / "results.json";
-        if (fs::exists(res_path)) {
-          res = JsonFields::from_file(res_path.string()).raw();
-          spdlog::info("sweep: {} done before; reusing its results", out);
-        } else {
-          spdlog::info("sweep: {} {} seed {}", method, tag, seed);
-          res = run_training(cfg, /*resume=*/true).results;
-        }
-        main_metric = res["main_metric"].get<std::string>();
-        auto& best = res["best"];
-        for (auto& [set, v] : best.items()) {
-          double x = set == "dev" && main_metric == "dev_loss" ? v["loss"].get<double>()
-                     : v["metrics"].contains(main_metric)
-                         ? v["metrics"][main_metric].get<double>()
-                         : v["metrics"].begin().value().get<double>();
-          per_point[pi][set].push_back(x);
-          if (std::find(set_names.begin(), set_names.end(), set) == set_names.end())
-            set_names.push_back(set);
-        }
-        all.push_back({{"method", method},
-                       {"point", points[pi]},
-                       {"seed", seed},
-                       {"results", res["best"]},
-                       {"best_epoch", res["best_epoch"]},
-                       {"run", out}});
+    for (const auto& run : runs) {
+      if (run.method != method) continue;
+      const size_t pi = run.point;
+      const std::string& out = run.out;
+      nlohmann::json res;
+      auto res_path = fs::path(out) / "results.json";
+      if (fs::exists(res_path)) {
+        res = JsonFields::from_file(res_path.string()).raw();
+        spdlog::info("sweep: {} done before; reusing its results", out);
+      } else {
+        spdlog::info("sweep: {} {} seed {}", method, point_tag(points[pi]), run.seed);
+        res = run_training(run.cfg, /*resume=*/true).results;
       }
+      main_metric = res["main_metric"].get<std::string>();
+      auto& best = res["best"];
+      for (auto& [set, v] : best.items()) {
+        double x = set == "dev" && main_metric == "dev_loss" ? v["loss"].get<double>()
+                   : v["metrics"].contains(main_metric)
+                       ? v["metrics"][main_metric].get<double>()
+                       : v["metrics"].begin().value().get<double>();
+        per_point[pi][set].push_back(x);
+        if (std::find(set_names.begin(), set_names.end(), set) == set_names.end())
+          set_names.push_back(set);
+      }
+      all.push_back({{"method", method},
+                     {"point", points[pi]},
+                     {"seed", run.seed},
+                     {"results", res["best"]},
+                     {"best_epoch", res["best_epoch"]},
+                     {"run", out}});
     }
     // the grid point with the best mean dev score (lowest mean loss for instruction tuning)
     size_t best_pi = 0;

@@ -26,6 +26,8 @@ RunSettings apply_run_flags(const RunFlags& flags);
 // The floating dtype a model folder stores its weights in (its first floating tensor's; float32
 // when it has none): convert and export write their output in it, so bfloat16 stays bfloat16.
 c10::ScalarType stored_float_dtype(const std::string& model_dir);
+// For unsigned options such as --seed: CLI11 would wrap -1 around to 2^64 - 1.
+CLI::Validator non_negative_integer();
 
 void register_info(CLI::App& app);
 void register_generate(CLI::App& app);

@@ -1,6 +1,9 @@
 // Shared --threads/--device/--dtype handling, and the dtype a model folder stores.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cctype>
+
 #include "commands.h"
 #include "emoe/core/runtime.h"
 #include "emoe/io/safetensors.h"
@@ -33,6 +36,17 @@ c10::ScalarType stored_float_dtype(const std::string& model_dir) {
     if (d == "F32" || d == "F64") return c10::kFloat;
   }
   return c10::kFloat;
+}
+
+CLI::Validator non_negative_integer() {
+  return CLI::Validator(
+      [](std::string& v) {
+        const bool ok = !v.empty() && std::all_of(v.begin(), v.end(), [](unsigned char c) {
+          return std::isdigit(c) != 0;
+        });
+        return ok ? std::string() : "expected a non-negative integer, got " + v;
+      },
+      "UINT");
 }
 
 }  // namespace emoe::cli

@@ -60,7 +60,25 @@ void edit_config(const std::string& dir, const std::function<void(nlohmann::json
   bad_write(dir + "/config.json", j.dump());
 }
 
-void make_fixtures(const std::string& t, const std::string& bert) {
+// A safetensors file of int64 [1, n] tensors (forward's inputs).
+void write_ids(const std::string& path,
+               const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
+  nlohmann::json h = nlohmann::json::object();
+  std::string data;
+  for (const auto& [name, v] : tensors) {
+    const auto begin = data.size();
+    data.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
+    h[name] = {{"dtype", "I64"},
+               {"shape", {1, static_cast<int64_t>(v.size())}},
+               {"data_offsets", {begin, data.size()}}};
+  }
+  std::string hb = h.dump();
+  hb.append((8 - hb.size() % 8) % 8, ' ');
+  uint64_t m = hb.size();
+  bad_write(path, std::string(reinterpret_cast<const char*>(&m), 8) + hb + data);
+}
+
+void make_fixtures(const std::string& t, const std::string& bert, const std::string& stories) {
   auto copy = [&](const std::string& name) {
     fs::copy(bert, t + "/" + name, fs::copy_options::recursive);
     return t + "/" + name;
@@ -129,6 +147,18 @@ void make_fixtures(const std::string& t, const std::string& bert) {
   bad_write(t + "/badvocab/merges.txt", "#version: 0.2\n");
   fs::create_directories(t + "/badtokjson");
   bad_write(t + "/badtokjson/tokenizer.json", R"({"model": {"type": "WordPiece", "vocab": 5}})");
+  bad_write(t + "/sweep.yaml", "model: " + bert + "\ntask: sst2\nmethod: emoe\n");
+  write_ids(t + "/types.safetensors", {{"input_ids", {2, 100, 3}}, {"token_type_ids", {0, 5, 0}}});
+  write_ids(t + "/labels.safetensors",
+            {{"input_ids", {2, 100, 3}}, {"labels", {-100, 9000, -100}}});
+  fs::copy(stories, t + "/shortpos", fs::copy_options::recursive);
+  edit_config(t + "/shortpos", [](nlohmann::json& j) { j["max_position_embeddings"] = 4; });
+  bad_write(t + "/null.jsonl", "{\"sentence\": null, \"label\": 1}\n");
+  bad_write(t + "/number.jsonl", "{\"sentence\": 5, \"label\": 1}\n");
+  bad_write(t + "/ok.tsv", "sentence\tlabel\ngood\tpos\n");
+  bad_write(t + "/header.tsv", "sentence\tlabel\n");
+  bad_write(t + "/empty_out.json",
+            R"([{"instruction": "a", "output": ""}, {"instruction": "b", "output": ""}])");
   fs::create_directories(t + "/run");
   bad_write(t + "/run/config.json", R"({"train": {}})");
 }
@@ -148,7 +178,7 @@ TEST(BadInput, EveryRowOfDocsErrorsMd) {
   const auto rows = read_error_table(emoe::test::source_dir() + "/docs/errors.md");
   ASSERT_GE(rows.size(), 40u) << "docs/errors.md lists fewer than 40 cases";
   emoe::test::TempDir tmp;
-  make_fixtures(tmp.path(), bert);
+  make_fixtures(tmp.path(), bert, stories);
   const std::map<std::string, std::string> vars = {
       {"{tmp}", tmp.path()}, {"{bert}", bert}, {"{stories}", stories}, {"{data}", data}};
   for (const auto& r : rows) {

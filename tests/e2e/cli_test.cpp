@@ -339,3 +339,34 @@ TEST(Cli, BadInputsAndFlagsGiveOneClearError) {
   auto r = run_emoe("frobnicate");
   EXPECT_EQ(r.exit_code, 2);
 }
+
+// Issue 25: a prompt past the model's positions is refused before any of it is printed, and a
+// model folder is not written over: convert refuses a folder with files and leaves it as it was.
+TEST(Cli, HostileGenerateAndOutputFolders) {
+  EMOE_REQUIRE_SHARED(stories, "models/stories260K/hf");
+  emoe::test::TempDir tmp;
+  copy_model(stories, tmp.file("short"));
+  {
+    std::string cfg = slurp(tmp.file("short/config.json"));
+    const std::string key = "\"max_position_embeddings\": 512";
+    ASSERT_NE(cfg.find(key), std::string::npos) << cfg;
+    cfg.replace(cfg.find(key), key.size(), "\"max_position_embeddings\": 4");
+    std::ofstream(tmp.file("short/config.json")) << cfg;
+  }
+  auto r =
+      run_emoe("generate " + tmp.file("short") + " --prompt 'once upon a time there was' -n 2");
+  expect_one_error(r, "more than the 4 positions of");
+  EXPECT_EQ(r.out, "") << "the prompt was echoed before the refusal";
+
+  fs::create_directories(tmp.file("full"));
+  std::ofstream(tmp.file("full/keep.txt")) << "mine";
+  expect_one_error(run_emoe("convert " + stories + " -o " + tmp.file("full") + " -N 4 -k 2"),
+                   "the folder already exists and is not empty");
+  EXPECT_EQ(slurp(tmp.file("full/keep.txt")), "mine");
+  EXPECT_EQ(std::distance(fs::directory_iterator(tmp.file("full")), fs::directory_iterator()), 1);
+  // an empty folder is a fine target
+  fs::create_directories(tmp.file("empty"));
+  r = run_emoe("convert " + stories + " -o " + tmp.file("empty") + " -N 4 -k 2 --layers 1 -q");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(tmp.file("empty/moe.json")));
+}

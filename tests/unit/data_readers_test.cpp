@@ -488,3 +488,58 @@ TEST(DataReaders, MmluCsvAndPrompt) {
 }
 
 }  // namespace
+
+// Hostile tables (issue 25): null is reported as null, a number is no text, a label list with a
+// name twice is refused, and a file without rows says so with its name.
+TEST(DataReaders, HostileTablesNullNumberDuplicateLabelsAndNoRows) {
+  emoe::test::TempDir dir;
+  emoe::TableSpec spec;
+  spec.text_cols = {"sentence"};
+  spec.label_col = "label";
+  spec.path = dir.file("null.jsonl");
+  readers_write(spec.path,
+                "{\"sentence\": \"fine\", \"label\": 1}\n{\"sentence\": null, \"label\": 0}\n");
+  readers_expect_error([&] { emoe::load_table(spec, readers_binary_task()); },
+                       {spec.path + ":2", "key 'sentence': the value is null"});
+  spec.path = dir.file("number.jsonl");
+  readers_write(spec.path, "{\"sentence\": 5, \"label\": 1}\n");
+  readers_expect_error([&] { emoe::load_table(spec, readers_binary_task()); },
+                       {spec.path + ":1", "key 'sentence': expected text (a JSON string), got 5"});
+  spec.path = dir.file("nulllabel.jsonl");
+  readers_write(spec.path, "{\"sentence\": \"x\", \"label\": null}\n");
+  readers_expect_error([&] { emoe::load_table(spec, readers_binary_task()); },
+                       {spec.path + ":1", "key 'label': the value is null"});
+  // a number stays a valid label
+  spec.path = dir.file("ok.jsonl");
+  readers_write(spec.path, "{\"sentence\": \"x\", \"label\": 1}\n");
+  EXPECT_EQ(emoe::load_table(spec, readers_binary_task()).examples.at(0).label, 1);
+
+  auto twice = readers_binary_task();
+  twice.labels = {"pos", "pos"};
+  readers_expect_error([&] { emoe::load_table(spec, twice); },
+                       {"task toy: labels: 'pos' is listed twice (pos, pos)"});
+
+  spec.path = dir.file("header.tsv");
+  readers_write(spec.path, "sentence\tlabel\n");
+  readers_expect_error([&] { emoe::load_table(spec, readers_binary_task()); },
+                       {spec.path + ": no examples (a header and no rows)"});
+  spec.path = dir.file("empty.jsonl");
+  readers_write(spec.path, "\n");
+  readers_expect_error([&] { emoe::load_table(spec, readers_binary_task()); },
+                       {spec.path + ": no examples (the file is empty)"});
+}
+
+TEST(DataReaders, AlpacaWithoutAnyOutputHasNoTrainingExamples) {
+  emoe::test::TempDir dir;
+  const std::string path = dir.file("a.json");
+  readers_write(
+      path, R"([{"instruction": "say hi", "output": ""}, {"instruction": "x", "output": " "}])");
+  readers_expect_error([&] { emoe::load_alpaca(path); },
+                       {path + ": no training examples (every item's 'output' is empty)"});
+  readers_write(path, "[]");
+  readers_expect_error([&] { emoe::load_alpaca(path); },
+                       {path + ": no training examples (an empty array)"});
+  readers_write(
+      path, R"([{"instruction": "say hi", "output": ""}, {"instruction": "x", "output": "y"}])");
+  EXPECT_EQ(emoe::load_alpaca(path).size(), 2u);
+}

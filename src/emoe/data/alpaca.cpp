@@ -1,4 +1,5 @@
 // Alpaca instruction data: the JSON reader and the Stanford Alpaca prompt templates.
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "emoe/core/error.h"
@@ -42,6 +43,12 @@ std::vector<InstructionExample> load_alpaca(const std::string& path) {
     e.output = field("output", true);
     out.push_back(std::move(e));
   }
+  // a response is what the model learns from: without one an item teaches nothing
+  const bool any_output = std::any_of(out.begin(), out.end(), [](const InstructionExample& e) {
+    return e.output.find_first_not_of(" \t\r\n") != std::string::npos;
+  });
+  EMOE_CHECK(any_output, InputError, "{}: no training examples ({})", path,
+             out.empty() ? "an empty array" : "every item's 'output' is empty");
   return out;
 }
 

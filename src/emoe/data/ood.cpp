@@ -226,7 +226,7 @@ void ood_load_table(const OodSet& set, const TextTable& table, const TaskSpec& t
     if (set.format == OodFormat::kGlueX && ood_gluex_unlabelled(code)) continue;
     if (set.format == OodFormat::kSnliJsonl && code == "-") continue;  // SNLI: no gold label
     Example e;
-    for (size_t c : text_idx) e.texts.push_back(table_field(table, row, c));
+    for (size_t c : text_idx) e.texts.push_back(table_text(table, row, c));
     e.label = ood_label(set, task, code, table.path, row.line);
     d.examples.push_back(std::move(e));
   }

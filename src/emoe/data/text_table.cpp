@@ -61,7 +61,7 @@ TextTable table_from_records(std::vector<std::vector<std::string>> records,
     TextRow row;
     row.line = lines[r];
     row.fields = std::move(records[r]);
-    row.present.assign(width, true);
+    row.kinds.assign(width, CellKind::kText);
     t.rows.push_back(std::move(row));
   }
   return t;
@@ -199,25 +199,28 @@ TextTable read_jsonl(const std::string& path) {
     TextRow row;
     row.line = line;
     row.fields.assign(t.columns.size(), "");
-    row.present.assign(t.columns.size(), false);
+    row.kinds.assign(t.columns.size(), CellKind::kMissing);
     for (const auto& [key, value] : obj.items()) {
       auto it = index.find(key);
       if (it == index.end()) {
         it = index.emplace(key, t.columns.size()).first;
         t.columns.push_back(key);
         row.fields.emplace_back();
-        row.present.push_back(false);
+        row.kinds.push_back(CellKind::kMissing);
       }
-      if (value.is_null()) continue;
+      if (value.is_null()) {
+        row.kinds[it->second] = CellKind::kNull;
+        continue;
+      }
       row.fields[it->second] = value.is_string() ? value.get<std::string>() : value.dump();
-      row.present[it->second] = true;
+      row.kinds[it->second] = value.is_string() ? CellKind::kText : CellKind::kJson;
     }
     t.rows.push_back(std::move(row));
   }
   // Rows read before a key first appeared lack it.
   for (auto& r : t.rows) {
     r.fields.resize(t.columns.size());
-    r.present.resize(t.columns.size(), false);
+    r.kinds.resize(t.columns.size(), CellKind::kMissing);
   }
   return t;
 }
@@ -266,14 +269,24 @@ size_t resolve_column(const TextTable& table, const std::string& column) {
 }
 
 const std::string& table_field(const TextTable& table, const TextRow& row, size_t column) {
-  if (!row.present[column]) {
+  if (row.kinds[column] == CellKind::kMissing) {
     std::vector<std::string> keys;
     for (size_t i = 0; i < table.columns.size(); ++i)
-      if (row.present[i]) keys.push_back(table.columns[i]);
+      if (row.kinds[i] != CellKind::kMissing) keys.push_back(table.columns[i]);
     EMOE_THROW(InputError, "{}:{}: key '{}' missing (keys present: {})", table.path, row.line,
                table.columns[column], table_join(keys));
   }
+  EMOE_CHECK(row.kinds[column] != CellKind::kNull, InputError, "{}:{}: key '{}': the value is null",
+             table.path, row.line, table.columns[column]);
   return row.fields[column];
+}
+
+const std::string& table_text(const TextTable& table, const TextRow& row, size_t column) {
+  const std::string& v = table_field(table, row, column);
+  EMOE_CHECK(row.kinds[column] == CellKind::kText, InputError,
+             "{}:{}: key '{}': expected text (a JSON string), got {}", table.path, row.line,
+             table.columns[column], v.size() > 40 ? v.substr(0, 40) + "..." : v);
+  return v;
 }
 
 double parse_label(const std::string& text, const TaskSpec& task,

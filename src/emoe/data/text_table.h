@@ -9,10 +9,15 @@
 
 namespace emoe {
 
+// What a cell held: text (every TSV/CSV cell, a JSON string), nothing (a JSONL row without the
+// key), JSON null, or another JSON value (a number, a boolean, an array, an object), which the
+// cell holds written as JSON.
+enum class CellKind : uint8_t { kText, kMissing, kNull, kJson };
+
 struct TextRow {
   int64_t line = 0;                 // 1-based line where the row starts (for messages)
   std::vector<std::string> fields;  // one per column of the table
-  std::vector<bool> present;        // JSONL: false where the row lacks the key; else all true
+  std::vector<CellKind> kinds;      // one per column: kText throughout a TSV/CSV
 };
 
 struct TextTable {
@@ -39,7 +44,7 @@ TextTable parse_delimited(const std::string& text, const std::string& path, char
                           bool quoted, bool header);
 
 // One JSON object per line; columns are the keys in order of first appearance. Strings are kept,
-// other values are written as JSON (1, 4.5, true); null counts as absent.
+// other values are written as JSON (1, 4.5, true) and their kind noted.
 TextTable read_jsonl(const std::string& path);
 
 // "tsv", "csv" or "jsonl" from TableSpec::format, or from the extension when it is empty.
@@ -49,8 +54,11 @@ std::string table_format(const std::string& path, const std::string& format);
 // the columns present when there is no such column.
 size_t resolve_column(const TextTable& table, const std::string& column);
 
-// The value of `column` in `row`; InputError naming file, line and key when a JSONL row lacks it.
+// The value of `column` in `row` (a label: text or a JSON number); InputError naming file, line
+// and key when a JSONL row lacks it or holds null there.
 const std::string& table_field(const TextTable& table, const TextRow& row, size_t column);
+// The same for a text column: a JSON number, boolean, array or object is refused as well.
+const std::string& table_text(const TextTable& table, const TextRow& row, size_t column);
 
 // A label cell turned into the task's id (or value for regression): through `label_map` when it
 // is given; otherwise an integer id, or one of the task's label names. InputError naming the

@@ -248,6 +248,13 @@ class BertModelImpl : public PretrainedModelImpl {
     }
     auto types = in.token_type_ids.defined() ? in.token_type_ids.to(dev)
                                              : torch::zeros({b, t}, ids_d.options());
+    if (in.token_type_ids.defined()) {  // an id past the table indexes nothing
+      const auto lo = types.min().item<int64_t>(), hi = types.max().item<int64_t>();
+      EMOE_CHECK(lo >= 0 && hi < c_.type_vocab_size, InputError,
+                 "token_type_ids: ids must lie in [0, {}) (config.json type_vocab_size), found "
+                 "{}..{}",
+                 c_.type_vocab_size, lo, hi);
+    }
     auto h = word_(ids_d) + type_(types) + pos_(pos);
     h = emb_norm_(h);
     h = emoe::dropout(h, c_.hidden_dropout_prob, is_training());
