@@ -178,12 +178,12 @@ TEST(Cli, MaxShardSizeWritesShardsThatLoad) {
   for (const auto& k : a.names()) EXPECT_TRUE(torch::equal(a.load(k), b.load(k))) << k;
   auto i = run_emoe("info " + tmp.file("dense") + " --json");
   ASSERT_EQ(i.exit_code, 0) << i.err;
-  // exporting again into the same folder without shards leaves one model.safetensors only
+  // exporting again into the same (non-empty) folder is refused and leaves it as it was
+  const auto before = fs::file_size(tmp.file("dense/model.safetensors.index.json"));
   r = run_emoe("export " + tmp.file("moe") + " --dense -o " + tmp.file("dense") + " -q");
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const auto& e : fs::directory_iterator(tmp.file("dense")))
-    EXPECT_EQ(e.path().filename().string().find("model-"), std::string::npos) << e.path();
-  EXPECT_FALSE(fs::exists(tmp.file("dense/model.safetensors.index.json")));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("not empty"), std::string::npos) << r.err;
+  EXPECT_EQ(fs::file_size(tmp.file("dense/model.safetensors.index.json")), before);
   expect_one_error(run_emoe("export " + tmp.file("moe") + " --dense -o " + tmp.file("x") +
                             " --max-shard-size 2XB"),
                    "--max-shard-size: expected a size such as 500MB, 2GB, 10KB, 1GiB or a number "

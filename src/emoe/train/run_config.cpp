@@ -440,6 +440,9 @@ nlohmann::json RunConfig::to_json() const {
                        {"topk", peft.topk},
                        {"balance_weight", peft.balance_weight}};
   auto mj = moe.to_json();
+  // no layers given: the method's default layers (chosen at conversion, recorded in moe.json);
+  // an empty list is not written, so that a saved config reads back (moe.layers: [] is refused)
+  if (moe.layers.empty()) mj.erase("layers");
   nlohmann::json dj = nullptr;
   if (!dataset.empty()) {
     nlohmann::json ood = nlohmann::json::object();
