@@ -381,3 +381,53 @@ TEST(Train, RunFolderIntegrityOnResume) {
         << e.what();
   }
 }
+
+// Each modern family trains with EMoE and evaluates from its saved model/: the tiny Hugging
+// Face fixtures (vocabulary 100) with a 100-entry WordPiece vocabulary beside them (letters and
+// continuation letters, so every word tokenizes), a few steps of SST-2, then `emoe eval`.
+TEST(TrainE2E, EveryModernFamilyTrainsAndEvaluates) {
+  EMOE_REQUIRE_SHARED(data, "data");
+  emoe::test::TempDir tmp;
+  std::string vocab = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n";
+  for (char c = 'a'; c <= 'z'; ++c) vocab += std::string(1, c) + "\n##" + std::string(1, c) + "\n";
+  for (const char* p : {".", ",", "'", "!", "?", "-", "the", "a##"}) vocab += std::string(p) + "\n";
+  for (const char* family : {"roberta_seqcls", "qwen2_lm", "qwen3_lm", "llama3_lm", "mistral_lm"}) {
+    SCOPED_TRACE(family);
+    const std::string src = emoe::test::shared_path(std::string("fixtures/tiny/") + family);
+    const std::string model = tmp.file(family), run = tmp.file(std::string(family) + "-run");
+    fs::create_directories(model);
+    for (const char* f : {"config.json", "model.safetensors"})
+      fs::copy_file(src + "/" + f, model + "/" + f);
+    std::ofstream(model + "/vocab.txt") << vocab;
+    // the RoBERTa fixture's classifier has 3 labels: a three-label data set of the user's own
+    std::vector<std::string> sets = {"train.max_steps=3",
+                                     "train.max_length=24",
+                                     "train.max_eval_examples=16",
+                                     "ood=[]",
+                                     "moe.experts=2",
+                                     "moe.topk=1",
+                                     "moe.layers=[1]"};
+    if (std::string(family) == "roberta_seqcls") {
+      std::ofstream f(tmp.file("three.tsv"));
+      f << "sentence\tlabel\n";
+      const char* names[] = {"neg", "neu", "pos"};
+      for (int i = 0; i < 24; ++i)
+        f << (i % 3 == 0   ? "bad dull film"
+              : i % 3 == 1 ? "a film"
+                           : "great fun film")
+          << "\t" << names[i % 3] << "\n";
+      f.close();
+      for (const std::string& kv :
+           {"dataset.train=" + tmp.file("three.tsv"), "dataset.dev=" + tmp.file("three.tsv"),
+            std::string("dataset.labels=[neg, neu, pos]"), std::string("task=")})
+        sets.push_back(kv);
+    }
+    auto r = emoe::run_training(tiny_run(model, "emoe", run, sets), false);
+    EXPECT_TRUE(std::isfinite(r.results["best"]["dev"]["loss"].get<double>())) << r.results.dump();
+    ASSERT_TRUE(fs::exists(run + "/model/config.json"));
+    // the run's own data again (its config.json), from the saved model
+    auto e = emoe::test::run_emoe("eval " + run + "/model -c " + run + "/config.json -q");
+    EXPECT_EQ(e.exit_code, 0) << e.err;
+    EXPECT_NE(e.out.find("accuracy"), std::string::npos) << e.out;
+  }
+}
