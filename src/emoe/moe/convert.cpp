@@ -260,6 +260,7 @@ MoeState moe_state_from_json(const JsonFields& j) {
   EMOE_CHECK(j.has("config") && j.raw()["config"].is_object(), InputError,
              "{}: field 'config': expected an object", j.file());
   st.config = MoeConfig::from_json(JsonFields(j.raw()["config"], j.file()));
+  st.config.origin = j.file() + ": config.";
   st.source = j.get_string("source", "");
   EMOE_CHECK(j.has("layers") && j.raw()["layers"].is_object(), InputError,
              "{}: field 'layers': expected an object", j.file());

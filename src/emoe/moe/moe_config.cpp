@@ -119,29 +119,40 @@ void MoeConfig::enable_tutel_parity() {
 }
 
 void MoeConfig::validate(int64_t num_layers, int64_t d_ff) const {
-  EMOE_CHECK(experts >= 1, UsageError, "--experts: expected >= 1, got {}", experts);
-  EMOE_CHECK(topk >= 1 && topk <= experts, UsageError, "--topk: expected 1 <= k <= N = {}, got {}",
-             experts, topk);
-  if (method != MoeMethod::kGmoe) check_expert_count(d_ff, experts, "--experts");
-  EMOE_CHECK(!layers.empty(), UsageError, "--layers: no layer selected");
+  auto name = [&](const char* key, const char* flag) {
+    return origin.empty() ? std::string(flag) : origin + key;
+  };
+  EMOE_CHECK(experts >= 1, UsageError, "{}: expected >= 1, got {}", name("experts", "--experts"),
+             experts);
+  EMOE_CHECK(topk >= 1 && topk <= experts, UsageError, "{}: expected 1 <= k <= N = {}, got {}",
+             name("topk", "--topk"), experts, topk);
+  if (method != MoeMethod::kGmoe) check_expert_count(d_ff, experts, name("experts", "--experts"));
+  EMOE_CHECK(!layers.empty(), UsageError, "{}: no layer selected", name("layers", "--layers"));
   for (auto l : layers)
     EMOE_CHECK(l >= 0 && l < num_layers, UsageError,
-               "--layers: layer {} does not exist (the model has layers 0..{})", l, num_layers - 1);
+               "{}: layer {} does not exist (the model has layers 0..{})",
+               name("layers", "--layers"), l, num_layers - 1);
   EMOE_CHECK(split == "balanced-kmeans" || split == "random" || split == "contiguous" ||
                  split == "coactivation",
              UsageError,
-             "--split: expected balanced-kmeans, random, contiguous or coactivation, got '{}'",
-             split);
+             "{}: expected balanced-kmeans, random, contiguous or coactivation, got '{}'",
+             name("split", "--split"), split);
   EMOE_CHECK(gate_init == "avgk" || gate_init == "random", UsageError,
-             "--gate-init: expected avgk or random, got '{}'", gate_init);
-  EMOE_CHECK(capacity_factor >= 0 && gate_noise >= 0 && preact_dropout >= 0 && preact_dropout < 1,
-             UsageError, "capacity factor and gate noise must be >= 0, dropout in [0, 1)");
+             "{}: expected avgk or random, got '{}'", name("gate_init", "--gate-init"), gate_init);
+  EMOE_CHECK(capacity_factor >= 0, UsageError, "{}: expected >= 0, got {}",
+             name("capacity_factor", "--capacity-factor"), capacity_factor);
+  EMOE_CHECK(gate_noise >= 0, UsageError, "{}: expected >= 0, got {}",
+             name("gate_noise", "--gate-noise"), gate_noise);
+  EMOE_CHECK(preact_dropout >= 0 && preact_dropout < 1, UsageError, "{}: expected [0, 1), got {}",
+             name("preact_dropout", "--preact-dropout"), preact_dropout);
   if (method == MoeMethod::kEmoe)
     EMOE_CHECK(gate == GateKind::kAvgK, UsageError,
-               "emoe uses the avg-k gate; for a learned gate use --method emoe-learn");
+               "{}: emoe uses the avg-k gate; for a learned gate use the method emoe-learn",
+               name("gate", "--gate"));
   if (method == MoeMethod::kEmoeLearn || method == MoeMethod::kGmoe)
     EMOE_CHECK(gate == GateKind::kLinear || gate == GateKind::kCosine, UsageError,
-               "{} needs a learned gate: --gate linear or cosine", to_string(method));
+               "{}: {} needs a learned gate: linear or cosine", name("gate", "--gate"),
+               to_string(method));
 }
 
 nlohmann::json MoeConfig::to_json() const {

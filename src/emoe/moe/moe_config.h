@@ -53,7 +53,10 @@ struct MoeConfig {
   static MoeConfig for_method(MoeMethod m);
   void enable_tutel_parity();
   // Invariants against the model: 1 <= k <= N, layers in range, d_ff divisible (split methods).
+  // Errors name the setting as the user wrote it: `origin` + key ("run.yaml.moe.topk",
+  // ".../moe.json: config.topk"); without an origin, the command-line flag ("--topk").
   void validate(int64_t num_layers, int64_t d_ff) const;
+  std::string origin;  // not serialised
 
   nlohmann::json to_json() const;
   static MoeConfig from_json(const JsonFields& j);

@@ -309,6 +309,7 @@ MoeConfig read_moe(Reader& r, const std::string& method, const std::string& wher
       EMOE_CHECK(seen.insert(l).second, InputError, "{}.moe.layers: layer {} is listed twice",
                  where, l);
   }
+  moe.origin = where + ".moe.";  // errors name the run config's keys, not convert's flags
   return moe;
 }
 
