@@ -54,6 +54,7 @@ RunConfig bench_config(const BenchArgs& a, const std::string& method, int64_t d_
   }
   if (method == "emoe-dispatched") sets.push_back("moe.execution=dispatched");
   auto cfg = load_run_config("", sets);
+  cfg.moe.origin.clear();  // the MoE settings came from bench's flags (--experts, --topk)
   return cfg;
 }
 

@@ -1,9 +1,11 @@
 // EMoE exactness on real architectures: k = N equals dense, recomposition, permutation round trip,
-// masked vs dispatched agreement (outputs and gradients), GMoE with k = N equals dense.
+// masked vs dispatched agreement (outputs and gradients), GMoE with k = N equals dense; every PEFT
+// method with its default targets on every family.
 #include "emoe/io/safetensors.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/models/loader.h"
 #include "emoe/moe/convert.h"
+#include "emoe/peft/peft.h"
 #include "support/test_support.h"
 
 using emoe::test::max_abs_diff_masked;
@@ -179,5 +181,41 @@ TEST(MoeEquivalence, GmoeWithAllExpertsEqualsDense) {
     cfg.layers = {0};
     emoe::convert_to_moe(*model, cfg);
     EXPECT_LT(max_abs_diff_masked(output_of(*model, in), dense, in.attention_mask), 1e-5);
+  }
+}
+
+// Every PEFT method with the family's default targets adapts something and starts exactly at the
+// base model (LoRA/MoLoRA B = 0, (IA)^3/MoV scales of 1); a trained LoRA merges into the weights.
+TEST(PeftEveryFamily, DefaultTargetsAdaptAndStartAtTheBaseModel) {
+  for (const Case& c : kCases) {
+    EMOE_REQUIRE_SHARED(dir, c.dir);
+    SCOPED_TRACE(c.dir);
+    auto base = load_f64(dir);
+    base->eval();
+    const auto in = batch(base->summary().vocab_size, 11);
+    torch::NoGradGuard g;
+    const auto ref = output_of(*base, in);
+    for (auto method : {emoe::PeftMethod::kLora, emoe::PeftMethod::kIa3, emoe::PeftMethod::kMov,
+                        emoe::PeftMethod::kMolora}) {
+      SCOPED_TRACE(emoe::to_string(method));
+      auto m = load_f64(dir);
+      m->eval();
+      auto cfg = emoe::PeftConfig::for_method(method, m->summary().model_type);
+      cfg.method = method;
+      cfg.experts = 3;
+      auto names = emoe::apply_peft(*m, cfg);
+      EXPECT_GE(names.size(), static_cast<size_t>(m->summary().num_layers)) << "adapted too little";
+      m->to(torch::kDouble);
+      EXPECT_LT(max_abs_diff_masked(output_of(*m, in), ref, in.attention_mask), 1e-5);
+      if (method != emoe::PeftMethod::kLora) continue;
+      for (auto& p : m->named_parameters())
+        if (p.key().find("lora_B") != std::string::npos ||
+            p.key().find("lora_b") != std::string::npos)
+          p.value().normal_(0, 0.3);
+      const auto unmerged = output_of(*m, in);
+      EXPECT_GT(max_abs_diff_masked(unmerged, ref, in.attention_mask), 1e-3) << "B was not found";
+      emoe::merge_lora(*m);
+      EXPECT_LT(max_abs_diff_masked(output_of(*m, in), unmerged, in.attention_mask), 1e-5);
+    }
   }
 }
