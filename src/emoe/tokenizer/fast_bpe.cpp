@@ -12,7 +12,6 @@
 #include "emoe/tokenizer/byte_level.h"
 #include "emoe/tokenizer/pipeline_tokenizer.h"
 #include "emoe/tokenizer/tokenizer_config.h"
-#include "emoe/tokenizer/truncation.h"
 #include "emoe/tokenizer/unicode.h"
 
 namespace emoe {
@@ -75,6 +74,18 @@ size_t trailing_space(std::string_view s) {
 }
 
 }  // namespace
+
+FastAddedToken to_fast_added_token(const AddedToken& a) {
+  FastAddedToken t;
+  t.content = a.content;
+  t.id = a.id;
+  t.special = a.special;
+  t.lstrip = a.lstrip;
+  t.rstrip = a.rstrip;
+  t.single_word = a.single_word;
+  t.normalized = !a.special;
+  return t;
+}
 
 const std::string& gpt2_split_pattern() {
   static const std::string pattern =
@@ -473,28 +484,13 @@ std::vector<std::string> FastBpeTokenizer::tokens(const std::string& input) cons
 
 Encoding FastBpeTokenizer::encode(const std::string& text, bool add_special_tokens,
                                   int64_t max_length) const {
-  std::vector<int64_t> ids = encode_plain(text);
-  int64_t specials = add_special_tokens ? post_.num_special(false) : 0;
-  if (max_length > 0) truncate_longest_first(ids, nullptr, specials, max_length);
-  if (add_special_tokens) return post_.apply(ids, nullptr);
-  Encoding enc;
-  enc.token_type_ids.assign(ids.size(), 0);
-  enc.ids = std::move(ids);
-  return enc;
+  return post_.encode(encode_plain(text), nullptr, add_special_tokens, max_length);
 }
 
 Encoding FastBpeTokenizer::encode_pair(const std::string& a, const std::string& b,
                                        bool add_special_tokens, int64_t max_length) const {
-  std::vector<int64_t> ids = encode_plain(a);
   std::vector<int64_t> pair = encode_plain(b);
-  int64_t specials = add_special_tokens ? post_.num_special(true) : 0;
-  if (max_length > 0) truncate_longest_first(ids, &pair, specials, max_length);
-  if (add_special_tokens) return post_.apply(ids, &pair);
-  Encoding enc;
-  enc.ids = std::move(ids);
-  enc.ids.insert(enc.ids.end(), pair.begin(), pair.end());
-  enc.token_type_ids.assign(enc.ids.size(), 0);
-  return enc;
+  return post_.encode(encode_plain(a), &pair, add_special_tokens, max_length);
 }
 
 std::string FastBpeTokenizer::decode(const std::vector<int64_t>& ids,
@@ -523,14 +519,7 @@ std::unique_ptr<FastBpeTokenizer> load_roberta_bpe(const std::string& dir,
   spec.vocab = read_vocab_json(spec.source);
   spec.merges = read_merges_txt((fs::path(dir) / "merges.txt").string());
   for (const AddedToken& a : config.added_tokens()) {
-    FastAddedToken t;
-    t.content = a.content;
-    t.id = a.id;
-    t.special = a.special;
-    t.lstrip = a.lstrip;
-    t.rstrip = a.rstrip;
-    t.single_word = a.single_word;
-    t.normalized = !a.special;
+    FastAddedToken t = to_fast_added_token(a);
     if (t.id < 0) {  // added_tokens.json-style entries always carry ids; keep the vocabulary's
       auto it = std::find_if(spec.vocab.begin(), spec.vocab.end(),
                              [&](const auto& v) { return v.first == t.content; });

@@ -30,6 +30,9 @@ struct FastAddedToken {
   bool normalized = false;  // matched in the normalized text rather than the raw text
 };
 
+// The Rust AddedToken of a configured token; `normalized` as the Rust default (not special).
+FastAddedToken to_fast_added_token(const AddedToken& a);
+
 enum class FastNormalizer { kNone, kNfc, kNfd };
 
 // Rust's SplitDelimiterBehavior.

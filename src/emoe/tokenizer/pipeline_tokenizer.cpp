@@ -3,7 +3,6 @@
 
 #include "emoe/core/error.h"
 #include "emoe/tokenizer/tokenizer_config.h"
-#include "emoe/tokenizer/truncation.h"
 
 namespace emoe {
 
@@ -104,31 +103,13 @@ std::vector<int64_t> PipelineTokenizer::encode_plain(const std::string& text) co
 
 Encoding PipelineTokenizer::encode(const std::string& text, bool add_special_tokens,
                                    int64_t max_length) const {
-  std::vector<int64_t> ids = encode_plain(text);
-  if (max_length > 0)
-    truncate_longest_first(ids, nullptr, add_special_tokens ? template_.num_special(false) : 0,
-                           max_length);
-  if (add_special_tokens) return template_.apply(ids, nullptr);
-  Encoding enc;
-  enc.token_type_ids.assign(ids.size(), 0);
-  enc.ids = std::move(ids);
-  return enc;
+  return template_.encode(encode_plain(text), nullptr, add_special_tokens, max_length);
 }
 
 Encoding PipelineTokenizer::encode_pair(const std::string& a, const std::string& b,
                                         bool add_special_tokens, int64_t max_length) const {
-  std::vector<int64_t> ids = encode_plain(a);
   std::vector<int64_t> pair = encode_plain(b);
-  if (max_length > 0)
-    truncate_longest_first(ids, &pair, add_special_tokens ? template_.num_special(true) : 0,
-                           max_length);
-  if (add_special_tokens) return template_.apply(ids, &pair);
-  // Without the template HF gives type id 0 to both sequences.
-  Encoding enc;
-  enc.ids = std::move(ids);
-  enc.ids.insert(enc.ids.end(), pair.begin(), pair.end());
-  enc.token_type_ids.assign(enc.ids.size(), 0);
-  return enc;
+  return template_.encode(encode_plain(a), &pair, add_special_tokens, max_length);
 }
 
 std::string PipelineTokenizer::decode(const std::vector<int64_t>& ids,

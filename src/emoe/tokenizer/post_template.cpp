@@ -1,6 +1,8 @@
 // Special-token templates (HF post-processors) applied to one or two id sequences.
 #include "emoe/tokenizer/post_template.h"
 
+#include "emoe/tokenizer/truncation.h"
+
 namespace emoe {
 
 namespace {
@@ -56,6 +58,19 @@ Encoding PostTemplate::apply(const std::vector<int64_t>& a, const std::vector<in
       enc.token_type_ids.push_back(item.type_id);
     }
   }
+  return enc;
+}
+
+Encoding PostTemplate::encode(std::vector<int64_t> a, std::vector<int64_t>* b,
+                              bool add_special_tokens, int64_t max_length) const {
+  if (max_length > 0)
+    truncate_longest_first(a, b, add_special_tokens ? num_special(b != nullptr) : 0, max_length);
+  if (add_special_tokens) return apply(a, b);
+  // Without the template HF gives type id 0 to both sequences.
+  Encoding enc;
+  enc.ids = std::move(a);
+  if (b) enc.ids.insert(enc.ids.end(), b->begin(), b->end());
+  enc.token_type_ids.assign(enc.ids.size(), 0);
   return enc;
 }
 

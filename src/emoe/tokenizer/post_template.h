@@ -29,6 +29,10 @@ struct PostTemplate {
 
   int64_t num_special(bool is_pair) const;
   Encoding apply(const std::vector<int64_t>& a, const std::vector<int64_t>* b) const;
+  // encode()/encode_pair() of a tokenizer from the text's ids: truncation to max_length (> 0)
+  // with room for the template's tokens, then the template, or without it type ids 0 for both.
+  Encoding encode(std::vector<int64_t> a, std::vector<int64_t>* b, bool add_special_tokens,
+                  int64_t max_length) const;
 };
 
 }  // namespace emoe

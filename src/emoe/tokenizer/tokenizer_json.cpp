@@ -293,16 +293,7 @@ std::unique_ptr<Tokenizer> build_byte_level_bpe(const JsonFile& f, const json& m
 
 std::vector<FastAddedToken> read_fast_added_tokens(const JsonFile& f) {
   std::vector<FastAddedToken> out;
-  for (const AddedToken& a : read_added_tokens(f)) {
-    FastAddedToken t;
-    t.content = a.content;
-    t.id = a.id;
-    t.special = a.special;
-    t.lstrip = a.lstrip;
-    t.rstrip = a.rstrip;
-    t.single_word = a.single_word;
-    out.push_back(t);
-  }
+  for (const AddedToken& a : read_added_tokens(f)) out.push_back(to_fast_added_token(a));
   // "normalized" (the Rust default: true for a non-special token)
   const json& list = f.root().at("added_tokens");
   for (size_t i = 0; i < out.size(); ++i)
