@@ -24,6 +24,7 @@ struct SweepArgs {
   std::string config, output;
   std::vector<std::string> grid, sets, method_sets;
   std::string seeds = "0", methods;
+  RunConfigFlags run_flags;
 };
 
 std::vector<std::string> split_commas(const std::string& s) {
@@ -270,7 +271,11 @@ void register_sweep(CLI::App& app) {
                   "Override a key for one method, e.g. lora:train.lr=1e-3 (repeatable)");
   cmd->add_option("-o,--output", a->output,
                   "Root folder of the sweep (default: the config's output)");
-  cmd->callback([a] { run_sweep(*a); });
+  a->run_flags.add_to(cmd);
+  cmd->callback([a] {
+    a->run_flags.append_sets(a->sets);  // every run of the sweep
+    run_sweep(*a);
+  });
 }
 
 }  // namespace emoe::cli

@@ -17,6 +17,7 @@ struct TrainArgs {
   int nproc = 1, rank = -1, world_size = -1, local_rank = -1, master_port = -1;
   std::string master_addr;
   double dist_timeout = -1;
+  RunConfigFlags run_flags;
 };
 
 // The torchrun variables, then the flags given on top.
@@ -38,6 +39,7 @@ void run_train(const TrainArgs& a) {
   auto sets = a.sets;
   if (!a.output.empty()) sets.push_back("output=" + a.output);
   if (!a.precision.empty()) sets.push_back("train.precision=" + a.precision);
+  a.run_flags.append_sets(sets);
   RunConfig cfg = load_run_config(a.config, sets);
   const bool worker = std::getenv("WORLD_SIZE") != nullptr || a.world_size > 0;
   if (a.nproc > 1 && !worker) {
@@ -105,6 +107,7 @@ void register_train(CLI::App& app) {
   cmd->add_option("--dist-timeout", a->dist_timeout,
                   "Seconds a collective may wait before the job fails (or $EMOE_DIST_TIMEOUT; 300)")
       ->check(CLI::PositiveNumber);
+  a->run_flags.add_to(cmd);
   cmd->add_flag("--resume", a->resume,
                 "Continue the run in the output folder from its last checkpoint");
   cmd->callback([a] { run_train(*a); });

@@ -15,6 +15,14 @@ struct RunFlags {
   std::string dtype = "float32";
 };
 void add_run_flags(CLI::App* cmd, RunFlags& flags);
+// --threads/--device/--dtype of the commands that read a run config (train, sweep): when given,
+// they become the run config's `threads`, `device` and `dtype` (as --set would).
+struct RunConfigFlags {
+  int threads = -1;
+  std::string device, dtype;
+  void add_to(CLI::App* cmd);
+  void append_sets(std::vector<std::string>& sets) const;
+};
 // Applies --threads and parses --device/--dtype (UsageError on bad values).
 struct RunSettings {
   c10::Device device = c10::Device(c10::kCPU);

@@ -18,6 +18,20 @@ void add_run_flags(CLI::App* cmd, RunFlags& flags) {
       ->capture_default_str();
 }
 
+void RunConfigFlags::add_to(CLI::App* cmd) {
+  cmd->add_option("--threads", threads,
+                  "Intra-op threads (same as --set threads=N; default: one per core)")
+      ->check(CLI::Range(0, 4096));
+  cmd->add_option("--device", device, "cpu, cuda or cuda:N (same as --set device=...)");
+  cmd->add_option("--dtype", dtype, "float32 or bfloat16 weights (same as --set dtype=...)");
+}
+
+void RunConfigFlags::append_sets(std::vector<std::string>& sets) const {
+  if (threads >= 0) sets.push_back("threads=" + std::to_string(threads));
+  if (!device.empty()) sets.push_back("device=" + device);
+  if (!dtype.empty()) sets.push_back("dtype=" + dtype);
+}
+
 RunSettings apply_run_flags(const RunFlags& flags) {
   RunSettings s;
   s.dtype = parse_dtype(flags.dtype);

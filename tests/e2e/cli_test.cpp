@@ -370,3 +370,27 @@ TEST(Cli, HostileGenerateAndOutputFolders) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(fs::exists(tmp.file("empty/moe.json")));
 }
+
+// train takes --threads/--device/--dtype as every model command does: they become the run
+// config's keys (saved in config.json), and a resume with other threads is the same run.
+TEST(Cli, TrainTakesThreadsDeviceAndDtype) {
+  EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
+  EMOE_REQUIRE_SHARED(data, "data");
+  emoe::test::TempDir tmp;
+  const std::string base = "train --set model=" + bert + " --set task=sst2 --set data_dir=" + data +
+                           " --set train.max_train_examples=16 --set train.max_eval_examples=8" +
+                           " --set train.batch_size=8 --set ood=[] --set save_best=false -q";
+  auto r = run_emoe(base + " --set train.stop_after_steps=1 --threads 1 --device cpu" +
+                    " --dtype float32 -o " + tmp.file("run"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto cfg = nlohmann::json::parse(slurp(tmp.file("run/config.json")));
+  EXPECT_EQ(cfg["threads"], 1);
+  EXPECT_EQ(cfg["device"], "cpu");
+  EXPECT_EQ(cfg["dtype"], "float32");
+  r = run_emoe(base + " --threads 2 --resume -o " + tmp.file("run"));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(tmp.file("run/results.json")));
+  expect_one_error(run_emoe(base + " --dtype float16 -o " + tmp.file("half")),
+                   "dtype: float16 needs a CUDA device");
+  EXPECT_FALSE(fs::exists(tmp.file("half")));
+}

@@ -687,6 +687,13 @@ void RunConfig::validate() const {
   if (t.max_length < 8) bad("train.max_length", fmt::format("expected >= 8, got {}", t.max_length));
   if (t.grad_clip < 0) bad("train.grad_clip", "expected >= 0");
   if (t.usage_interval < 0) bad("train.usage_interval", "expected >= 0");
+  if (dtype != "float32" && dtype != "bfloat16" && dtype != "float16")
+    bad("dtype", fmt::format("expected float32, bfloat16 or float16, got '{}'", dtype));
+  // found out mid-run before ("LayerNormKernelImpl" not implemented for 'Half')
+  if (dtype == "float16" && device.rfind("cuda", 0) != 0)
+    bad("dtype", fmt::format("float16 needs a CUDA device (the CPU has no float16 kernels for "
+                             "layer norms and softmax); on device '{}' use bfloat16",
+                             device));
   if (t.precision == Precision::kBf16Mixed && dtype != "float32")
     bad("train.precision",
         fmt::format("bf16-mixed needs float32 weights (dtype), got dtype '{}'", dtype));

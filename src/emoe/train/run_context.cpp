@@ -187,9 +187,12 @@ void check_resume(TrainContext& c, bool resume) {
     auto now = c.cfg.to_json();
     saved["train"].erase("stop_after_steps");
     now["train"].erase("stop_after_steps");
-    // where the folder lives is not part of the run: a copied or moved run folder resumes
-    saved.erase("output");
-    now.erase("output");
+    // where the folder lives and how many threads compute it are not part of the run: a copied
+    // or moved run folder resumes, on another machine as well
+    for (const char* key : {"output", "threads"}) {
+      saved.erase(key);
+      now.erase(key);
+    }
     std::vector<std::string> differ;
     config_differences(saved, now, "", differ);
     EMOE_CHECK(differ.empty(), UsageError,
