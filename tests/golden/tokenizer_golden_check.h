@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "emoe/core/error.h"
 #include "emoe/tokenizer/tokenizer.h"
+#include "support/test_support.h"
 
 namespace emoe::test {
 
@@ -41,6 +43,36 @@ inline void check_tokenizer_details(const std::string& details_path, const Token
     EXPECT_EQ(tokens, c.at("tokens").get<std::vector<std::string>>());
     EXPECT_EQ(tok.decode(ids), c.at("decoded").get<std::string>());
     EXPECT_EQ(tok.decode(ids, true), c.at("decoded_skip_special").get<std::string>());
+  }
+}
+
+inline void write_json_file(const std::string& path, const nlohmann::json& j) {
+  std::ofstream out(path, std::ios::binary);
+  out << j.dump();
+}
+
+// A tokenizer.json `base` with one change that must be refused: one InputError naming the file
+// and `field`.
+struct RefusedPatch {
+  const char* field;
+  nlohmann::json patch;
+};
+inline void expect_patches_refused(const nlohmann::json& base,
+                                   const std::vector<RefusedPatch>& cases) {
+  for (const RefusedPatch& c : cases) {
+    SCOPED_TRACE(c.field);
+    TempDir dir;
+    nlohmann::json j = base;
+    j.merge_patch(c.patch);
+    write_json_file(dir.file("tokenizer.json"), j);
+    try {
+      load_tokenizer(dir.path());
+      ADD_FAILURE() << c.field << ": expected an InputError";
+    } catch (const InputError& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find("tokenizer.json"), std::string::npos) << what;
+      EXPECT_NE(what.find(c.field), std::string::npos) << what;
+    }
   }
 }
 

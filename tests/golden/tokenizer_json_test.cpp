@@ -18,11 +18,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using emoe::test::check_tokenizer_details;
 
-void write_json(const std::string& path, const json& j) {
-  std::ofstream out(path, std::ios::binary);
-  out << j.dump();
-}
-
 json added_token(int64_t id, const std::string& content, bool normalized) {
   return {{"id", id},        {"content", content},       {"single_word", false}, {"lstrip", false},
           {"rstrip", false}, {"normalized", normalized}, {"special", true}};
@@ -141,7 +136,7 @@ TEST(TokenizerJson, BertTemplateProcessing) {
   EMOE_REQUIRE_SHARED(details, "fixtures/tokenizers/bert-base-uncased.details.json");
   emoe::test::TempDir dir;
   std::string vocab = fs::path(details).parent_path() / "bert-base-uncased" / "vocab.txt";
-  write_json(dir.file("tokenizer.json"), bert_tokenizer_json(vocab, false));
+  emoe::test::write_json_file(dir.file("tokenizer.json"), bert_tokenizer_json(vocab, false));
   auto tok = emoe::load_tokenizer(dir.path());
   EXPECT_EQ(tok->kind(), "wordpiece");
   check_tokenizer_details(details, *tok);
@@ -154,15 +149,15 @@ TEST(TokenizerJson, BertLegacyBertProcessing) {
   EMOE_REQUIRE_SHARED(details, "fixtures/tokenizers/bert-base-uncased.details.json");
   emoe::test::TempDir dir;
   std::string vocab = fs::path(details).parent_path() / "bert-base-uncased" / "vocab.txt";
-  write_json(dir.file("tokenizer.json"), bert_tokenizer_json(vocab, true));
+  emoe::test::write_json_file(dir.file("tokenizer.json"), bert_tokenizer_json(vocab, true));
   check_tokenizer_details(details, *emoe::load_tokenizer(dir.path()));
 }
 
 TEST(TokenizerJson, Gpt2StringMerges) {
   EMOE_REQUIRE_SHARED(details, "fixtures/tokenizers/gpt2.details.json");
   emoe::test::TempDir dir;
-  write_json(dir.file("tokenizer.json"),
-             gpt2_tokenizer_json(fs::path(details).parent_path() / "gpt2", false));
+  emoe::test::write_json_file(dir.file("tokenizer.json"),
+                              gpt2_tokenizer_json(fs::path(details).parent_path() / "gpt2", false));
   auto tok = emoe::load_tokenizer(dir.path());
   EXPECT_EQ(tok->kind(), "bpe");
   check_tokenizer_details(details, *tok);
@@ -171,14 +166,14 @@ TEST(TokenizerJson, Gpt2StringMerges) {
 TEST(TokenizerJson, Gpt2PairMerges) {
   EMOE_REQUIRE_SHARED(details, "fixtures/tokenizers/gpt2.details.json");
   emoe::test::TempDir dir;
-  write_json(dir.file("tokenizer.json"),
-             gpt2_tokenizer_json(fs::path(details).parent_path() / "gpt2", true));
+  emoe::test::write_json_file(dir.file("tokenizer.json"),
+                              gpt2_tokenizer_json(fs::path(details).parent_path() / "gpt2", true));
   check_tokenizer_details(details, *emoe::load_tokenizer(dir.path()));
 }
 
 TEST(TokenizerJson, SentencePieceStyleNeedsTokenizerModel) {
   emoe::test::TempDir dir;
-  write_json(dir.file("tokenizer.json"), llama_tokenizer_json());
+  emoe::test::write_json_file(dir.file("tokenizer.json"), llama_tokenizer_json());
   try {
     emoe::load_tokenizer(dir.path());
     FAIL() << "a SentencePiece-style tokenizer.json alone must be refused";
@@ -193,7 +188,7 @@ TEST(TokenizerJson, SentencePieceStyleNeedsTokenizerModel) {
 TEST(TokenizerJson, SentencePieceStyleUsesTokenizerModel) {
   EMOE_REQUIRE_SHARED(details, "fixtures/tokenizers/llama-tok512.details.json");
   emoe::test::TempDir dir;
-  write_json(dir.file("tokenizer.json"), llama_tokenizer_json());
+  emoe::test::write_json_file(dir.file("tokenizer.json"), llama_tokenizer_json());
   fs::copy_file(fs::path(details).parent_path() / "llama-tok512" / "tokenizer.model",
                 dir.file("tokenizer.model"));
   auto tok = emoe::load_tokenizer(dir.path());
@@ -204,31 +199,14 @@ TEST(TokenizerJson, SentencePieceStyleUsesTokenizerModel) {
 TEST(TokenizerJson, UnsupportedComponentsAreRefused) {
   EMOE_REQUIRE_SHARED(gpt2, "fixtures/tokenizers/gpt2");
   json base = gpt2_tokenizer_json(gpt2, false);
-  struct Case {
-    const char* field;
-    json patch;
-  };
-  std::vector<Case> cases = {
+  std::vector<emoe::test::RefusedPatch> cases = {
       {"normalizer", {{"normalizer", {{"type", "Lowercase"}}}}},
       {"model.dropout", {{"model", {{"dropout", 0.1}}}}},
       {"model.type", {{"model", {{"type", "WordLevel"}}}}},
       {"post_processor.cls", {{"post_processor", {{"type", "RobertaProcessing"}}}}},
       {"post_processor.type", {{"post_processor", {{"type", "Whatever"}}}}},
   };
-  for (const Case& c : cases) {
-    emoe::test::TempDir dir;
-    json j = base;
-    j.merge_patch(c.patch);
-    write_json(dir.file("tokenizer.json"), j);
-    try {
-      emoe::load_tokenizer(dir.path());
-      ADD_FAILURE() << c.field << ": expected an InputError";
-    } catch (const emoe::InputError& e) {
-      std::string what = e.what();
-      EXPECT_NE(what.find("tokenizer.json"), std::string::npos) << what;
-      EXPECT_NE(what.find(c.field), std::string::npos) << what;
-    }
-  }
+  emoe::test::expect_patches_refused(base, cases);
 }
 
 }  // namespace

@@ -689,7 +689,8 @@ void RunConfig::validate() const {
   if (t.usage_interval < 0) bad("train.usage_interval", "expected >= 0");
   if (dtype != "float32" && dtype != "bfloat16" && dtype != "float16")
     bad("dtype", fmt::format("expected float32, bfloat16 or float16, got '{}'", dtype));
-  // found out mid-run before ("LayerNormKernelImpl" not implemented for 'Half')
+  // refused here: on the CPU libtorch would fail mid-run, after the run folder exists
+  // ("LayerNormKernelImpl" not implemented for 'Half')
   if (dtype == "float16" && device.rfind("cuda", 0) != 0)
     bad("dtype", fmt::format("float16 needs a CUDA device (the CPU has no float16 kernels for "
                              "layer norms and softmax); on device '{}' use bfloat16",
