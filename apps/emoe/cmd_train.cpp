@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "emoe/core/error.h"
 #include "emoe/dist/launch.h"
+#include "emoe/train/config_fields.h"
 #include "emoe/train/trainer.h"
 
 namespace emoe::cli {
@@ -13,6 +14,7 @@ struct TrainArgs {
   std::string config, output, precision;
   std::vector<std::string> sets;
   bool resume = false;
+  bool fields = false;
   // data parallel (torchrun conventions; flags override the environment variables)
   int nproc = 1, rank = -1, world_size = -1, local_rank = -1, master_port = -1;
   std::string master_addr;
@@ -36,6 +38,10 @@ DistOptions dist_options(const TrainArgs& a) {
 }
 
 void run_train(const TrainArgs& a) {
+  if (a.fields) {  // the reference of every key (docs/config.md is this output)
+    std::cout << config_fields_markdown();
+    return;
+  }
   auto sets = a.sets;
   if (!a.output.empty()) sets.push_back("output=" + a.output);
   if (!a.precision.empty()) sets.push_back("train.precision=" + a.precision);
@@ -110,6 +116,9 @@ void register_train(CLI::App& app) {
   a->run_flags.add_to(cmd);
   cmd->add_flag("--resume", a->resume,
                 "Continue the run in the output folder from its last checkpoint");
+  cmd->add_flag("--fields", a->fields,
+                "Print every run-config key with its type, default, range and meaning "
+                "(docs/config.md), and exit");
   cmd->callback([a] { run_train(*a); });
 }
 

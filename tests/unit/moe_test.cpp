@@ -109,7 +109,7 @@ TEST(EmoeLayer, AvgKGateFollowsTheKeysAfterAnOptimiserStep) {
   EXPECT_TRUE(gate.parameters().empty());
 }
 
-TEST(EmoeLayer, PaddingIsNotCountedAndAuxLossIsProduced) {
+TEST(EmoeLayer, PaddingIsCountedOnlyUnderTutelAndAuxLossIsProduced) {
   auto model = tiny_bert();
   auto cfg = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
   cfg.experts = 4;
@@ -129,12 +129,17 @@ TEST(EmoeLayer, PaddingIsNotCountedAndAuxLossIsProduced) {
   (out.loss + aux).backward();
   for (auto* p : emoe::moe_plugs(*model)) {
     auto counts = p->take_usage(true);
-    EXPECT_LE(counts.sum().item<int64_t>(), 9 * 2);  // 9 real tokens, k = 2 (capacity may drop)
+    // tutel routes all 12 positions, padding too; k = 2 (capacity may drop)
+    EXPECT_LE(counts.sum().item<int64_t>(), 12 * 2);
     EXPECT_GT(counts.sum().item<int64_t>(), 0);
     EXPECT_EQ(p->take_usage(true).sum().item<int64_t>(), 0) << "taking resets the counts";
   }
   model->eval();
   for (auto* p : emoe::moe_plugs(*model)) p->mutable_config().capacity_factor = 0;
+  model->forward(in);
+  for (auto* p : emoe::moe_plugs(*model)) EXPECT_EQ(p->take_usage(false).sum().item<int64_t>(), 24);
+  // without tutel only the 9 real tokens are routed
+  for (auto* p : emoe::moe_plugs(*model)) p->mutable_config().tutel = false;
   model->forward(in);
   for (auto* p : emoe::moe_plugs(*model)) EXPECT_EQ(p->take_usage(false).sum().item<int64_t>(), 18);
 }

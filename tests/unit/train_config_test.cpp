@@ -38,7 +38,7 @@ TEST(RunConfig, YamlThenOverridesThenValidation) {
   EXPECT_NE(msg({"train.lrr=1"}).find("unknown key 'lrr'"), std::string::npos);
   EXPECT_NE(msg({"train.lr=abc"}).find(".train.lr: expected a number"), std::string::npos);
   EXPECT_NE(msg({"method=magic"}).find("method: expected one of"), std::string::npos);
-  EXPECT_NE(msg({"train.lr=-1"}).find("train.lr: expected > 0"), std::string::npos);
+  EXPECT_NE(msg({"train.lr=-1"}).find("train.lr: expected (0, inf), got -1"), std::string::npos);
   EXPECT_NE(msg({"moe.expertz=3"}).find("unknown key 'expertz'"), std::string::npos);
   // values that crashed, hung or were silently changed (issue 25): one line naming the field
   for (const auto& [set, expect] : std::vector<std::pair<std::string, std::string>>{

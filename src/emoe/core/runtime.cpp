@@ -95,20 +95,17 @@ int configure_threads(int n) {
   return at::get_num_threads();
 }
 
-c10::Device parse_device(const std::string& text) {
+c10::Device parse_device(const std::string& text, const std::string& what) {
+  // "cuda:N" with N digits only (c10::Device would take "cuda:1x" apart from the CUDA check)
+  const bool cuda_syntax =
+      text == "cuda" || (text.rfind("cuda:", 0) == 0 && text.size() > 5 && text.size() < 10 &&
+                         text.find_first_not_of("0123456789", 5) == std::string::npos);
   if (text == "cpu") return c10::Device(c10::kCPU);
-  if (text.rfind("cuda", 0) == 0) {
-    if (!torch::cuda::is_available())
-      EMOE_THROW(RuntimeError,
-                 "--device {}: this build of libtorch has no usable CUDA device (use --device cpu)",
-                 text);
-    try {
-      return c10::Device(text);
-    } catch (const std::exception&) {
-      EMOE_THROW(UsageError, "--device: expected cpu, cuda or cuda:N, got '{}'", text);
-    }
-  }
-  EMOE_THROW(UsageError, "--device: expected cpu, cuda or cuda:N, got '{}'", text);
+  EMOE_CHECK(cuda_syntax, UsageError, "{}: expected cpu, cuda or cuda:N, got '{}'", what, text);
+  if (!torch::cuda::is_available())
+    EMOE_THROW(RuntimeError, "{} {}: this build of libtorch has no usable CUDA device (use cpu)",
+               what, text);
+  return c10::Device(text);
 }
 
 c10::ScalarType parse_dtype(const std::string& text) {

@@ -22,9 +22,9 @@ void tune_allocator();
 // Sets ATen's intra-op threads; n <= 0 means one per hardware core. Returns the count in use.
 int configure_threads(int n);
 
-// "cpu", "cuda", "cuda:1" -> a device; throws UsageError naming the flag otherwise, or
-// RuntimeError when CUDA is requested but this libtorch has none.
-c10::Device parse_device(const std::string& text);
+// "cpu", "cuda", "cuda:N"; errors name `what` (the flag or the config key): UsageError for
+// another name, RuntimeError when this libtorch has no usable CUDA device.
+c10::Device parse_device(const std::string& text, const std::string& what = "--device");
 
 // "float32"/"fp32", "bfloat16"/"bf16", "float16"/"fp16" -> a floating dtype.
 c10::ScalarType parse_dtype(const std::string& text);

@@ -15,7 +15,8 @@ torch::Tensor expert_key_means(const FfnView& view, int64_t experts) {
 }
 
 torch::Tensor AvgKGateImpl::logits(const torch::Tensor& x, FfnSlot& slot) {
-  return emoe::linear(x, expert_key_means(slot.ffn_view(), experts_), {});
+  auto keys = expert_key_means(slot.ffn_view(), experts_);
+  return emoe::linear(x, detach_keys_ ? keys.detach() : keys, {});
 }
 
 LinearGateImpl::LinearGateImpl(int64_t d, int64_t experts) {
@@ -59,7 +60,7 @@ std::shared_ptr<GateImpl> make_gate(const MoeConfig& cfg, FfnSlot& slot) {
   torch::NoGradGuard g;
   switch (cfg.gate) {
     case GateKind::kAvgK:
-      return std::make_shared<AvgKGateImpl>(e);
+      return std::make_shared<AvgKGateImpl>(e, cfg.tutel);
     case GateKind::kLinear: {
       auto gate = std::make_shared<LinearGateImpl>(d, e);
       if (cfg.gate_init == "avgk" && cfg.method != MoeMethod::kGmoe)

@@ -22,11 +22,15 @@ torch::Tensor expert_key_means(const FfnView& view, int64_t experts);
 // EMoE: score_e(x) = x · mean_{i in e} k_i, recomputed from the current W1 at every call.
 class AvgKGateImpl : public GateImpl {
  public:
-  explicit AvgKGateImpl(int64_t experts) : experts_(experts) {}
+  // detach_keys (tutel parity): the gate is a copy of the current keys, as the authors' gate held
+  // as its own frozen weight and refreshed from them, so routing losses send no gradient to W1.
+  explicit AvgKGateImpl(int64_t experts, bool detach_keys = false)
+      : experts_(experts), detach_keys_(detach_keys) {}
   torch::Tensor logits(const torch::Tensor& x, FfnSlot& slot) override;
 
  private:
   int64_t experts_;
+  bool detach_keys_;
 };
 
 // EMoE-learn: a learned E x d matrix, no bias (initialised to avg-k or N(0, 0.02)).

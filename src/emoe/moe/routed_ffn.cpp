@@ -34,7 +34,8 @@ torch::Tensor RoutedFfnImpl::run(const torch::Tensor& x, const torch::Tensor& to
   const int64_t d = x.size(-1);
   auto flat = x.reshape({-1, d});
   torch::Tensor idx;  // rows of real tokens, when some are padding
-  if (token_mask.defined()) {
+  // tutel routes every position it is given: padding takes expert capacity like a real token
+  if (token_mask.defined() && !cfg_.tutel) {
     auto m = token_mask.reshape({-1}).to(flat.device()) != 0;
     if (!m.all().item<bool>()) idx = m.nonzero().squeeze(1);
   }
@@ -91,8 +92,18 @@ ExpertFfnImpl::ExpertFfnImpl(const MoeConfig& cfg, FfnSlot& slot)
 }
 
 torch::Tensor ExpertFfnImpl::compute(const torch::Tensor& x, const Routing& r, FfnSlot& slot) {
-  return cfg_.execution == Execution::kMasked ? compute_masked(x, r, slot)
-                                              : compute_dispatched(x, r, slot);
+  auto y = cfg_.execution == Execution::kMasked ? compute_masked(x, r, slot)
+                                                : compute_dispatched(x, r, slot);
+  // tutel: each expert holds b2 / k and its output (bias included) is scaled by the combine
+  // weight, so a token gets b2 times (sum of its kept weights) / k instead of b2 once; an
+  // assignment dropped by capacity brings no bias
+  const auto b_out = slot.ffn_view().b_out;
+  if (cfg_.tutel && b_out.defined()) {
+    const double k = static_cast<double>(r.experts.size(1));
+    auto share = r.weights.sum(1, true).to(y.scalar_type()) / k;
+    y = y + (share - 1) * b_out.to(y.scalar_type());
+  }
+  return y;
 }
 
 std::string ExpertFfnImpl::bypasses_linear(bool input_side) const {

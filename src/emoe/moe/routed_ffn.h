@@ -13,8 +13,9 @@
 
 namespace emoe {
 
-// Routes the real (non-padding) tokens of a slot to their top-k experts. Subclasses compute the
-// experts; this class keeps expert-usage counts and the last balance loss.
+// Routes the real (non-padding) tokens of a slot to their top-k experts (under `tutel`, every
+// position, as tutel does). Subclasses compute the experts; this class keeps expert-usage counts
+// and the last balance loss.
 class RoutedFfnImpl : public FfnPlug, public Routed {
  public:
   RoutedFfnImpl(const MoeConfig& cfg, int64_t layer) : cfg_(cfg), layer_(layer) {}
@@ -38,7 +39,7 @@ class RoutedFfnImpl : public FfnPlug, public Routed {
   // Balance loss of the last training forward (weighted), or undefined.
   const torch::Tensor& last_aux_loss() const { return aux_loss_; }
   // Selections per expert since the last take, counted apart for training and evaluation
-  // ([E] int64 on the model's device; padding tokens are never counted).
+  // ([E] int64 on the model's device; padding tokens are counted only under `tutel`).
   torch::Tensor take_usage(bool training) override;
   // Compute the dense FFN instead of routing (the "MoE -> dense at test time" ablation).
   void set_dense_override(bool on) override { dense_override_ = on; }

@@ -10,8 +10,10 @@
 #include <set>
 
 #include "emoe/core/error.h"
+#include "emoe/core/runtime.h"
 #include "emoe/data/templates.h"
 #include "emoe/io/safetensors.h"
+#include "emoe/train/config_fields.h"
 
 namespace emoe {
 
@@ -608,16 +610,10 @@ void RunConfig::validate() const {
     if (mixture.rate != "examples-proportional" && mixture.rate != "temperature")
       bad("mixture.rate",
           fmt::format("expected examples-proportional or temperature, got '{}'", mixture.rate));
-    if (mixture.cap < 0)
-      bad("mixture.cap", fmt::format("expected >= 0 (0: no cap), got {}", mixture.cap));
-    if (mixture.temperature <= 0)
-      bad("mixture.temperature", fmt::format("expected > 0, got {}", mixture.temperature));
     if (mixture.templates != "all" && mixture.templates != "first")
       bad("mixture.templates", fmt::format("expected all or first, got '{}'", mixture.templates));
     if (rank_score != "sum" && rank_score != "mean")
       bad("rank_score", fmt::format("expected sum or mean, got '{}'", rank_score));
-    if (train.max_target_length < 2)
-      bad("train.max_target_length", fmt::format("expected >= 2, got {}", train.max_target_length));
     if (!dataset.empty()) bad("dataset", "not used by seq2seq (the mixture reads GLUE tasks)");
     if (!ood.empty()) bad("ood", "not used by seq2seq (use heldout)");
   } else {
@@ -642,51 +638,13 @@ void RunConfig::validate() const {
       !(method == "emoe" || method == "emoe+lora" || method == "emoe-learn"))
     bad("ablation", "train-moe-eval-dense needs an EMoE method (emoe, emoe+lora, emoe-learn)");
   const auto& t = train;
-  if (!(t.lr > 0) || !std::isfinite(t.lr))
-    bad("train.lr", fmt::format("expected > 0 (and finite), got {}", t.lr));
-  // one table of the remaining numeric ranges: a value outside them is refused before anything
-  // is written (log_every 0 divided by zero; threads without bound started that many threads)
-  struct Range {
-    const char* key;
-    double value, min, max;
-    bool min_open, max_open;
-  };
-  const double inf = std::numeric_limits<double>::infinity();
-  const Range ranges[] = {
-      {"train.head_lr", t.head_lr, 0, inf, false, true},
-      {"train.router_lr", t.router_lr, 0, inf, false, true},
-      {"train.weight_decay", t.weight_decay, 0, inf, false, true},
-      {"train.adam_beta1", t.adam_beta1, 0, 1, false, true},
-      {"train.adam_beta2", t.adam_beta2, 0, 1, false, true},
-      {"train.adam_eps", t.adam_eps, 0, 1, true, false},
-      {"train.max_steps", static_cast<double>(t.max_steps), 0, inf, false, true},
-      {"train.warmup_steps", static_cast<double>(t.warmup_steps), 0, inf, false, true},
-      {"train.early_stopping", static_cast<double>(t.early_stopping), 0, inf, false, true},
-      {"train.max_train_examples", static_cast<double>(t.max_train_examples), 0, inf, false, true},
-      {"train.max_eval_examples", static_cast<double>(t.max_eval_examples), 0, inf, false, true},
-      {"train.log_every", static_cast<double>(t.log_every), 1, inf, false, true},
-      {"train.save_every", static_cast<double>(t.save_every), 0, inf, false, true},
-      {"train.stop_after_steps", static_cast<double>(t.stop_after_steps), 0, inf, false, true},
-      {"train.max_consecutive_skips", static_cast<double>(t.max_consecutive_skips), 1, inf, false,
-       true},
-      {"threads", static_cast<double>(threads), 0, 4096, false, false},
-  };
-  for (const auto& r : ranges) {
-    const bool low = r.min_open ? !(r.value > r.min) : !(r.value >= r.min);
-    const bool high = r.max_open ? !(r.value < r.max) : !(r.value <= r.max);
-    if (low || high || std::isnan(r.value))
-      bad(r.key, fmt::format("expected {}{}, {}{}, got {}", r.min_open ? "(" : "[", r.min,
-                             r.max == inf ? "inf" : fmt::format("{}", r.max),
-                             r.max_open ? ")" : "]", r.value));
-  }
-  if (t.batch_size < 1) bad("train.batch_size", fmt::format("expected >= 1, got {}", t.batch_size));
-  if (t.eval_batch_size < 1) bad("train.eval_batch_size", "expected >= 1");
-  if (t.grad_accum < 1) bad("train.grad_accum", fmt::format("expected >= 1, got {}", t.grad_accum));
+  // every numeric key against its range in one table (config_fields.cpp, docs/config.md): a
+  // value outside it is refused before anything is written (log_every 0 divided by zero;
+  // threads without bound started that many threads)
+  check_field_ranges(to_json());
   if (t.epochs < 1 && t.max_steps < 1) bad("train.epochs", "expected >= 1 (or train.max_steps)");
-  if (t.warmup_ratio < 0 || t.warmup_ratio >= 1) bad("train.warmup_ratio", "expected [0, 1)");
-  if (t.max_length < 8) bad("train.max_length", fmt::format("expected >= 8, got {}", t.max_length));
-  if (t.grad_clip < 0) bad("train.grad_clip", "expected >= 0");
-  if (t.usage_interval < 0) bad("train.usage_interval", "expected >= 0");
+  // the name here (a run config names its key, not --device); CUDA's presence when the run starts
+  parse_device(device, "run config: device");
   if (dtype != "float32" && dtype != "bfloat16" && dtype != "float16")
     bad("dtype", fmt::format("expected float32, bfloat16 or float16, got '{}'", dtype));
   // refused here: on the CPU libtorch would fail mid-run, after the run folder exists
@@ -698,9 +656,6 @@ void RunConfig::validate() const {
   if (t.precision == Precision::kBf16Mixed && dtype != "float32")
     bad("train.precision",
         fmt::format("bf16-mixed needs float32 weights (dtype), got dtype '{}'", dtype));
-  if (peft.r < 1) bad("peft.r", "expected >= 1");
-  if (peft.experts < 1) bad("peft.experts", "expected >= 1");
-  if (peft.dropout < 0 || peft.dropout >= 1) bad("peft.dropout", "expected [0, 1)");
   if (output.empty()) bad("output", "required");
   if (!prune_from.empty() && !uses_moe())
     bad("prune_from", "needs an MoE method (emoe, emoe+lora, ...)");

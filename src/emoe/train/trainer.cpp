@@ -419,7 +419,7 @@ TrainResult run_training(const RunConfig& config, bool resume, const DistOptions
   c.cfg = config;
   c.cfg.validate();
   c.dir = c.cfg.output;
-  c.device = parse_device(c.cfg.device);
+  c.device = parse_device(c.cfg.device, "run config: device");
   start_train_process(c, dist);
   check_resume(c, resume);
   prepare_run(c);
