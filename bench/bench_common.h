@@ -6,10 +6,12 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "emoe/core/torch_compat.h"
 #include "emoe/models/matmul.h"
@@ -62,6 +64,44 @@ inline double gemm_gflops(int64_t m, int64_t k, int64_t n, c10::ScalarType dtype
     best = std::max(best, 2.0 * static_cast<double>(m * n * k) / s / 1e9);
   }
   return best;
+}
+
+// The machine's matrix-product peak for a dtype, honestly: the best GFLOP/s over several large
+// shapes (square, and BERT-base's FFN products both ways round) and both paths (ATen's mm and
+// emoe's gemm_out), each the best of a few rounds, all in the calling process. One shape alone
+// under-measured it (a training step's MFU came out above 100 %). seconds: per shape and path;
+// below 0.1 only a 512-cube is measured (the benchmarks' quick mode).
+struct MeasuredPeak {
+  double gflops = 0;
+  std::string where;  // "2048x2048x2048 via emoe"
+};
+inline MeasuredPeak measured_peak(c10::ScalarType dtype, const c10::Device& device,
+                                  double seconds) {
+  std::vector<std::array<int64_t, 3>> shapes = {
+      {2048, 768, 3072}, {2048, 3072, 768}, {1024, 1024, 1024}, {2048, 2048, 2048}};
+  if (seconds < 0.1) shapes = {{512, 512, 512}};
+  MeasuredPeak best;
+  for (const auto& s : shapes)
+    for (bool via_emoe : {false, true}) {
+      const double g = gemm_gflops(s[0], s[1], s[2], dtype, device, seconds, via_emoe);
+      if (g > best.gflops)
+        best = {g, std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(s[2]) +
+                       (via_emoe ? " via emoe" : " via ATen")};
+    }
+  return best;
+}
+
+// MFU against a peak; a step that ran faster than every product measured means the peak was
+// under-measured (or the FLOP count is off): then the step's own rate is the peak (100 %) and
+// `capped` says so, so that no MFU above 100 % is ever printed.
+struct Utilisation {
+  double mfu = 0;
+  bool capped = false;
+};
+inline Utilisation model_flop_utilisation(double achieved_gflops, double peak_gflops) {
+  if (peak_gflops <= 0) return {};
+  if (achieved_gflops > peak_gflops) return {1.0, true};
+  return {achieved_gflops / peak_gflops, false};
 }
 
 // Minor page faults of this process so far (each one a page of fresh memory touched).

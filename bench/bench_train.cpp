@@ -7,7 +7,9 @@
 // Usage: bench_train [--models bert-base,llama-style] [--methods full,lora,...] [--steps N]
 // [--warmup W]
 //                    [--precision fp32|bf16|both] [--batch B --seq T] [--layers L]
-//                    [--device cpu|cuda] [--json FILE] [--markdown FILE]
+//                    [--device cpu|cuda] [--json FILE] [--markdown FILE] [--peak-seconds S]
+//   --peak-seconds S: per shape and path of the measured GEMM peak (default 0.4; below 0.1 only
+//   a 512-cube, for the quick check).
 //   --batch/--seq/--layers shrink the shapes (for a quick check); the defaults are the issue's.
 //   --warmup W untimed steps come first (default 3); the JSON lists every step's time.
 //   bench_train --single MODEL METHOD PRECISION [--profile trace.json]: one measurement in this
@@ -17,6 +19,7 @@
 
 #include "bench_common.h"
 #include "emoe/analysis/flops.h"
+#include "emoe/core/cpu_info.h"
 #include "emoe/core/error.h"
 #include "emoe/core/logging.h"
 #include "emoe/core/runtime.h"
@@ -40,6 +43,7 @@ struct Args {
   std::string device = "cpu";
   std::string json_out, markdown_out, single_model, single_method, single_precision, profile;
   int64_t steps = 3, warmup = 3, batch = 0, seq = 0, layers = 0;
+  double peak_seconds = 0.4;  // per shape and path of the measured peak (< 0.1: one small cube)
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -188,13 +192,10 @@ void measure_one(const Args& a) {
     step_faults.push_back(emoe::bench::minor_page_faults() - f0);
   };
   for (int64_t i = 0; i < a.warmup; ++i) timed_step();
-  // the fp32 peak: the best of ATen's mm and emoe's own product (what the model's layers use)
-  auto fp32_peak = [&] {
-    return std::max(
-        emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 0.6),
-        emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 0.6, /*via_emoe=*/true));
-  };
-  const double gemm_before = fp32_peak();
+  // the fp32 peak in this process: the best of several shapes and both paths (ATen's mm and
+  // emoe's own product, what the model's layers use), before and after the steps
+  auto fp32_peak = [&] { return emoe::bench::measured_peak(torch::kFloat, dev, a.peak_seconds); };
+  const auto gemm_before = fp32_peak();
   tensor_memory.reset_peak(dev);
   double train_s = 0;
   for (int64_t i = 0; i < a.steps; ++i) {
@@ -231,9 +232,11 @@ void measure_one(const Args& a) {
         },
         static_cast<int>(a.steps), 0.0);
   }
-  const double gemm_after = fp32_peak();
+  const auto gemm_after = fp32_peak();
   const double tokens = static_cast<double>(s.batch * s.seq);
-  nlohmann::json j = {{"fp32_peak_gflops", std::max(gemm_before, gemm_after)},
+  const auto& fp32_best = gemm_before.gflops >= gemm_after.gflops ? gemm_before : gemm_after;
+  nlohmann::json j = {{"fp32_peak_gflops", fp32_best.gflops},
+                      {"fp32_peak_where", fp32_best.where},
                       {"moe_step_over_dense_step", moe_over_dense},
                       {"model", a.single_model},
                       {"method", a.single_method},
@@ -266,9 +269,10 @@ void measure_one(const Args& a) {
 nlohmann::json run_child(const Args& a, const std::string& model, const std::string& method,
                          const std::string& precision) {
   std::string cmd = fmt::format(
-      "{} --single {} {} {} --steps {} --warmup {} --batch {} --seq {} --layers {} --device {}",
+      "{} --single {} {} {} --steps {} --warmup {} --batch {} --seq {} --layers {} --device {} "
+      "--peak-seconds {}",
       emoe::shell_quote(emoe::self_executable()), model, method, precision, a.steps, a.warmup,
-      a.batch, a.seq, a.layers, a.device);
+      a.batch, a.seq, a.layers, a.device, a.peak_seconds);
   return emoe::run_and_read_json_line(
       cmd, "BENCH ", fmt::format("bench_train: measuring {} {} {}", model, method, precision));
 }
@@ -280,12 +284,12 @@ std::string fmt_ratio(double x) {
 int run(const Args& a) {
   const auto dev = emoe::parse_device(a.device);
   const int threads = emoe::configure_threads(0);
-  std::cerr << "measuring the GEMM peak...\n";
-  const double peak32_aten = emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 1.5);
-  const double peak32_emoe =
-      emoe::bench::gemm_gflops(2048, 768, 3072, torch::kFloat, dev, 1.5, /*via_emoe=*/true);
-  const double peak32 = std::max(peak32_aten, peak32_emoe);
-  const double peak16 = emoe::bench::gemm_gflops(2048, 768, 3072, torch::kBFloat16, dev, 1.5);
+  std::cerr << "measuring the GEMM peak (several shapes, ATen and emoe, float32 and bfloat16)...\n";
+  const auto best32 = emoe::bench::measured_peak(torch::kFloat, dev, a.peak_seconds);
+  const auto best16 = emoe::bench::measured_peak(torch::kBFloat16, dev, a.peak_seconds);
+  const double peak32 = best32.gflops, peak16 = best16.gflops;
+  const emoe::CpuInfo cpu = emoe::read_cpu_info();
+  const emoe::TheoreticalPeak isa_peak = emoe::theoretical_peak(cpu);
   std::vector<std::string> precisions = a.precision == "both"
                                             ? std::vector<std::string>{"fp32", "bf16"}
                                             : std::vector<std::string>{a.precision};
@@ -301,14 +305,21 @@ int run(const Args& a) {
       }
   }
   std::ostringstream md;
-  md << fmt::format(
-            "GEMM peak (2048 x 768 x 3072, {} threads, {}): float32 {:.1f} GFLOP/s (the best of "
-            "ATen's mm, "
-            "{:.1f}, and emoe's own product, {:.1f}: {}), bfloat16 {:.1f} GFLOP/s "
-            "(MFU of fp32 rows uses the peak measured in that row's own process, before and after "
-            "its steps)\n\n",
-            threads, a.device, peak32, peak32_aten, peak32_emoe, emoe::matmul_backend_name(),
-            peak16)
+  md << fmt::format("CPU: {} ({} logical cores; {}), {} threads, {}\n\n",
+                    cpu.model.empty() ? "unknown" : cpu.model, cpu.cores, cpu.isa_text(), threads,
+                    a.device)
+     << fmt::format(
+            "Measured GEMM peak (the best of 4 shapes x ATen's mm and emoe's own product, {}): "
+            "float32 {:.1f} GFLOP/s ({}), bfloat16 {:.1f} GFLOP/s ({}). MFU of fp32 rows uses the "
+            "peak measured in that row's own process, before and after its steps; an MFU marked * "
+            "ran faster than every product measured and is shown as 100 %.\n\n",
+            emoe::matmul_backend_name(), peak32, best32.where, peak16, best16.where)
+     << (cpu.mhz > 0 ? fmt::format("Instruction-set peak (an upper bound: cores x {:.0f} MHz x "
+                                   "FLOP/cycle): float32 {:.0f} GFLOP/s ({}), bfloat16 {:.0f} "
+                                   "GFLOP/s ({}).\n\n",
+                                   cpu.mhz, isa_peak.fp32_gflops, isa_peak.fp32_basis,
+                                   isa_peak.bf16_gflops, isa_peak.bf16_basis)
+                     : std::string())
      << "| model | method | precision | params (M) | trainable (M) | train step (s) | vs full | "
         "MoE step / dense step | train tokens/s | MFU | inference tokens/s | peak tensor memory "
         "(MiB) | vs full | "
@@ -327,20 +338,22 @@ int run(const Args& a) {
     const double tensors = r["train_peak_tensor_mib"].get<double>();
     // fp32: against the peak the measuring process itself saw (the machine's load varies)
     const double peak = r["precision"] == "bf16" ? peak16 : r["fp32_peak_gflops"].get<double>();
-    const double mfu = r["train_flops_per_token"].get<double>() *
-                       r["train_tokens_per_s"].get<double>() / (peak * 1e9);
+    const auto use = emoe::bench::model_flop_utilisation(
+        r["train_flops_per_token"].get<double>() * r["train_tokens_per_s"].get<double>() / 1e9,
+        peak);
     std::string method = r["method"].get<std::string>();
     if (r.contains("moe"))
       method += fmt::format(" (N {}, k {}, {} layers)", r["moe"]["experts"].get<int64_t>(),
                             r["moe"]["topk"].get<int64_t>(), r["moe"]["layers"].get<int64_t>());
     const double vs_dense = r["moe_step_over_dense_step"].get<double>();
     md << fmt::format(
-        "| {} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {} | {} | {:.0f} | {:.0f} % | {:.0f} | {:.0f} "
+        "| {} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {} | {} | {:.0f} | {:.0f} %{} | {:.0f} | "
+        "{:.0f} "
         "| {} | {:.0f} | {} |\n",
         r["model"].get<std::string>(), method, r["precision"].get<std::string>(),
         r["parameters"].get<double>() / 1e6, r["trainable"].get<double>() / 1e6, step,
         full_step > 0 ? fmt_ratio(step / full_step) : "-", vs_dense > 0 ? fmt_ratio(vs_dense) : "-",
-        r["train_tokens_per_s"].get<double>(), 100.0 * mfu,
+        r["train_tokens_per_s"].get<double>(), 100.0 * use.mfu, use.capped ? "*" : "",
         r["inference_tokens_per_s"].get<double>(), tensors,
         full_tensors > 0 ? fmt_ratio(tensors / full_tensors) : "-", mem,
         full_mem > 0 ? fmt_ratio(mem / full_mem) : "-");
@@ -348,11 +361,15 @@ int run(const Args& a) {
   std::cout << md.str();
   nlohmann::json doc = {{"threads", threads},
                         {"device", a.device},
+                        {"cpu", cpu.model},
+                        {"isa", cpu.isa},
                         {"fp32_peak_gflops", peak32},
-                        {"fp32_aten_gflops", peak32_aten},
-                        {"fp32_emoe_gflops", peak32_emoe},
+                        {"fp32_peak_where", best32.where},
                         {"fp32_emoe_backend", emoe::matmul_backend_name()},
                         {"bf16_peak_gflops", peak16},
+                        {"bf16_peak_where", best16.where},
+                        {"isa_fp32_peak_gflops", isa_peak.fp32_gflops},
+                        {"isa_bf16_peak_gflops", isa_peak.bf16_gflops},
                         {"rows", rows}};
   if (!a.json_out.empty()) emoe::write_text_atomic(a.json_out, doc.dump(1) + "\n");
   if (!a.markdown_out.empty()) emoe::write_text_atomic(a.markdown_out, md.str());
@@ -394,6 +411,8 @@ int main(int argc, char** argv) {
         a.seq = std::stoll(next());
       else if (k == "--layers")
         a.layers = std::stoll(next());
+      else if (k == "--peak-seconds")
+        a.peak_seconds = std::stod(next());
       else if (k == "--profile")
         a.profile = next();
       else if (k == "--single") {

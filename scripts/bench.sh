@@ -13,7 +13,7 @@ mkdir -p "$out"
 if [[ "${QUICK:-0}" == 1 ]]; then
   out=$(mktemp -d)
   "$build/bench/bench_gemm" --seconds 0.2 > "$out/gemm.md"
-  "$build/bench/bench_train" --layers 1 --batch 2 --seq 32 --steps 1 --warmup 1 --methods full,lora,emoe,emoe-dispatched,gmoe,mov \
+  "$build/bench/bench_train" --layers 1 --batch 2 --seq 32 --steps 1 --warmup 1 --peak-seconds 0.05 --methods full,lora,emoe,emoe-dispatched,gmoe,mov \
     --json "$out/train.json" --markdown "$out/train.md" > /dev/null
   "$build/bench/bench_ffn" --tokens 128 --reps 1 > "$out/ffn.md"
   "$build/bench/bench_ffn" --tokens 128 --reps 1 --precision bf16 >> "$out/ffn.md"

@@ -5,11 +5,14 @@
 #include <set>
 
 #include "commands.h"
+#include "emoe/core/cpu_info.h"
 #include "emoe/core/error.h"
 #include "emoe/core/runtime.h"
 #include "emoe/io/safetensors.h"
 #include "emoe/methods/model_folder.h"
+#include "emoe/models/matmul.h"
 #include "emoe/moe/convert.h"
+#include "emoe/moe/expert_kernels.h"
 #include "emoe/tokenizer/tokenizer.h"
 #include "emoe/train/memory.h"
 
@@ -18,7 +21,7 @@ namespace {
 
 struct InfoArgs {
   std::string model_dir, dtype = "float32";
-  bool json = false, memory = false;
+  bool json = false, memory = false, system = false;
   int64_t batch = 32, seq_len = 128;  // the run config's train.batch_size and max_length
 };
 
@@ -28,6 +31,52 @@ std::string human_bytes(int64_t n) {
   if (x >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", x / (1024.0 * 1024));
   if (x >= 1024.0) return fmt::format("{:.1f} KiB", x / 1024.0);
   return fmt::format("{} B", n);
+}
+
+// This machine as the kernels see it: CPU, instruction sets, threads, which product each path
+// runs on, and the peak the instruction sets allow (the benchmarks measure the real one).
+void run_system(const InfoArgs& a) {
+  const CpuInfo cpu = read_cpu_info();
+  const TheoreticalPeak peak = theoretical_peak(cpu);
+  const int threads = configure_threads(0);
+  const std::string experts32 = expert_kernels::available()
+                                    ? "emoe's AVX-512 gather/scatter kernels"
+                                    : "library GEMMs per expert (no AVX-512)";
+  const std::string experts16 = expert_kernels::bf16_available()
+                                    ? "emoe's AVX-512 BF16 gather/scatter kernels"
+                                    : "library GEMMs per expert (no AVX-512 BF16)";
+  nlohmann::json j = {{"cpu", cpu.model},
+                      {"logical_cores", cpu.cores},
+                      {"clock_mhz", cpu.mhz},
+                      {"clock_source", cpu.clock_source},
+                      {"isa", cpu.isa},
+                      {"threads", threads},
+                      {"float32_products", matmul_backend_name()},
+                      {"dispatched_experts_float32", experts32},
+                      {"dispatched_experts_bfloat16", experts16},
+                      {"theoretical_peak_gflops",
+                       {{"float32", peak.fp32_gflops},
+                        {"bfloat16", peak.bf16_gflops},
+                        {"float32_basis", peak.fp32_basis},
+                        {"bfloat16_basis", peak.bf16_basis}}}};
+  if (a.json) {
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  const std::string clock =
+      cpu.mhz > 0 ? fmt::format("{:.0f} MHz ({})", cpu.mhz, cpu.clock_source) : "clock unknown";
+  std::cout << fmt::format("cpu          {} ({} logical cores, {})\n",
+                           cpu.model.empty() ? "unknown" : cpu.model, cpu.cores, clock)
+            << fmt::format("isa          {}\n", cpu.isa_text())
+            << fmt::format("threads      {} (ATen intra-op)\n", threads)
+            << fmt::format("products     float32: {}\n", matmul_backend_name())
+            << fmt::format("experts      dispatched float32: {}; bfloat16: {}\n", experts32,
+                           experts16);
+  if (cpu.mhz > 0)
+    std::cout << fmt::format(
+        "peak (ISA)   float32 {:.0f} GFLOP/s ({}), bfloat16 {:.0f} GFLOP/s ({}); an upper bound "
+        "from cores x clock x FLOP/cycle: bench/bench_gemm measures the real one\n",
+        peak.fp32_gflops, peak.fp32_basis, peak.bf16_gflops, peak.bf16_basis);
 }
 
 // The memory of a fine-tuning run per method (train/memory.h has the formulas).
@@ -195,10 +244,14 @@ void run_info(const InfoArgs& a) {
 
 void register_info(CLI::App& app) {
   auto args = std::make_shared<InfoArgs>();
-  auto* cmd = app.add_subcommand("info", "Describe a Hugging Face model folder");
-  cmd->add_option("MODEL_DIR", args->model_dir, "Model folder (config.json + safetensors)")
-      ->required();
+  auto* cmd = app.add_subcommand(
+      "info", "Describe a Hugging Face model folder (or, --system, this machine)");
+  cmd->add_option("MODEL_DIR", args->model_dir,
+                  "Model folder (config.json + safetensors); not with --system");
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
+  cmd->add_flag("--system", args->system,
+                "Describe this machine instead: CPU, instruction sets, threads, the kernels each "
+                "path runs on and the peak the instruction sets allow");
   cmd->add_flag("--memory", args->memory,
                 "Memory a fine-tuning run needs per method: weights, gradients, AdamW state, "
                 "activations");
@@ -211,6 +264,14 @@ void register_info(CLI::App& app) {
   cmd->add_option("--dtype", args->dtype, "Weights dtype of the memory report: float32, bfloat16")
       ->capture_default_str();
   cmd->callback([args, batch, seq] {
+    if (args->system) {
+      EMOE_CHECK(args->model_dir.empty(), UsageError,
+                 "--system describes this machine: give it no MODEL_DIR (got {})", args->model_dir);
+      run_system(*args);
+      return;
+    }
+    EMOE_CHECK(!args->model_dir.empty(), UsageError,
+               "MODEL_DIR: required (a model folder), or --system for this machine");
     if (batch->count() || seq->count()) args->memory = true;
     run_info(*args);
   });

@@ -149,6 +149,9 @@ std::vector<ConfigField> make_fields() {
        "under skip: steps skipped in a row that stop the run"},
       {"train.max_target_length", integer, at_least(2),
        "seq2seq: decoder target tokens (with eos)"},
+      {"train.trainable", "one of: all, moe-layers, gates", kNone,
+       "what trains: as the method says, only the converted layers, or only their learned gates "
+       "(the task head and adapters always)"},
       // instruction tuning
       {"instruct_data", text, kNone, "Alpaca-style JSON file (objective instruction)"},
       {"instruct_dev_fraction", num, open_open(0, 1), "share held out for the dev loss"},
@@ -242,6 +245,7 @@ std::string config_fields_markdown() {
   const nlohmann::json s = s2s.to_json();
   for (const char* k : {"mixture", "heldout", "rank_score"}) defaults[k] = s[k];
   defaults["train"]["max_target_length"] = s["train"]["max_target_length"];
+  defaults["train"]["trainable"] = plain.train.trainable;  // written only when not "all"
   defaults["moe"]["layers"] = nlohmann::json::array();
   RunConfig own_data;  // dataset: is null unless given; its keys' defaults
   own_data.dataset.train = "x";

@@ -2,13 +2,55 @@
 #include "emoe/train/method.h"
 
 #include <filesystem>
+#include <set>
 
 #include "emoe/core/error.h"
+#include "emoe/models/architecture.h"
+#include "emoe/moe/gates.h"
 #include "emoe/moe/prune.h"
 #include "emoe/moe/usage.h"
+#include "emoe/peft/targets.h"
 
 namespace emoe {
 namespace fs = std::filesystem;
+
+namespace {
+
+// train.trainable moe-layers | gates: only the converted layers (whole) or only their gates
+// update, as the authors' --tune_moe_layers_only / --tune_gates_only; the task head and the
+// adapters of a PEFT method train in every case; everything else (embeddings, the other layers,
+// a pretrained LM head) is frozen.
+void restrict_trainable(PretrainedModelImpl& model, const std::string& scope) {
+  std::vector<std::string> prefixes;
+  std::set<const c10::TensorImpl*> gates;
+  const auto slots = model.ffn_slots();
+  for (auto* plug : moe_plugs(model)) {
+    prefixes.push_back(slots.at(static_cast<size_t>(plug->layer()))->layer_prefix() + ".");
+    for (const auto& p : plug->gate()->parameters()) gates.insert(p.unsafeGetTensorImpl());
+  }
+  const auto adapters = adapter_parameters(model);
+  const Architecture& arch = architecture_of(model.summary());
+  int64_t trained = 0;
+  for (auto& p : model.named_parameters(/*recurse=*/true)) {
+    const std::string& k = p.key();
+    const auto* impl = p.value().unsafeGetTensorImpl();
+    bool in_scope = gates.count(impl) > 0;
+    if (scope == "moe-layers")
+      for (const auto& prefix : prefixes) in_scope = in_scope || k.rfind(prefix, 0) == 0;
+    const bool head = model.is_head_key(k) && !arch.is_pretrained_head(k);
+    const bool train = in_scope || head || adapters.count(impl) > 0;
+    p.value().set_requires_grad(train);
+    trained += train ? p.value().numel() : 0;
+  }
+  EMOE_CHECK(!gates.empty() || scope != "gates", UsageError,
+             "train.trainable gates: the converted layers have no gate parameters");
+  spdlog::info(
+      "train.trainable {}: {} parameters train (the {} converted layers{}, the task head, "
+      "any adapters)",
+      scope, trained, prefixes.size(), scope == "gates" ? "' gates" : "");
+}
+
+}  // namespace
 
 MethodState apply_method(PretrainedModelImpl& model, const RunConfig& cfg,
                          const std::vector<ModelInputs>& sample) {
@@ -41,6 +83,7 @@ MethodState apply_method(PretrainedModelImpl& model, const RunConfig& cfg,
     apply_peft(model, st.peft);
     select_trainable(model, st.peft);
   }
+  if (cfg.train.trainable != "all") restrict_trainable(model, cfg.train.trainable);
   return st;
 }
 

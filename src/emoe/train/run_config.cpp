@@ -361,6 +361,7 @@ void read_train(const nlohmann::json& j, const std::string& where, TrainOptions&
   tr.get("nonfinite", nonfinite);
   tr.get("max_consecutive_skips", o.max_consecutive_skips);
   tr.get("max_target_length", o.max_target_length);
+  tr.get("trainable", o.trainable);
   tr.finish();
 }
 
@@ -485,6 +486,7 @@ nlohmann::json RunConfig::to_json() const {
                         {"threads", threads}};
   // only when given: the config.json of other runs stays as it was (and --resume accepts it)
   if (!max_shard_size.empty()) out["max_shard_size"] = max_shard_size;
+  if (t.trainable != "all") out["train"]["trainable"] = t.trainable;
   // only for seq2seq: the config.json of other runs stays as it was
   if (objective == ObjectiveKind::kSeq2Seq) {
     out["train"]["max_target_length"] = t.max_target_length;
@@ -657,6 +659,16 @@ void RunConfig::validate() const {
     bad("train.precision",
         fmt::format("bf16-mixed needs float32 weights (dtype), got dtype '{}'", dtype));
   if (output.empty()) bad("output", "required");
+  if (t.trainable != "all" && t.trainable != "moe-layers" && t.trainable != "gates")
+    bad("train.trainable", fmt::format("expected all, moe-layers or gates, got '{}'", t.trainable));
+  if (t.trainable != "all" && !uses_moe())
+    bad("train.trainable",
+        fmt::format("{} needs a method that converts FFN layers (emoe, gmoe, ...), got method {}",
+                    t.trainable, method));
+  if (t.trainable == "gates" && moe.gate == GateKind::kAvgK)
+    bad("train.trainable",
+        "gates: the avg-k gate has no parameters of its own (it is the mean of the keys); use a "
+        "learned gate (emoe-learn, gmoe, moe.gate: linear or cosine) or moe-layers");
   if (!prune_from.empty() && !uses_moe())
     bad("prune_from", "needs an MoE method (emoe, emoe+lora, ...)");
   if (!prune_from.empty() && prune_keep < 1) bad("prune_keep", "expected >= 1 with prune_from");

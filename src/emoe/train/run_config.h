@@ -63,6 +63,10 @@ struct TrainOptions {
   // Under "skip": this many optimiser steps skipped in a row stop the run (it cannot recover).
   int64_t max_consecutive_skips = 20;
   int64_t max_target_length = 16;  // objective seq2seq: decoder target tokens (with eos)
+  // What the run updates (the authors' --tune_moe_layers_only / --tune_gates_only): "all" (the
+  // method decides), "moe-layers" (only the converted layers, whole), "gates" (only the learned
+  // gates of the converted layers); the task head and any adapters train in every case.
+  std::string trainable = "all";
 };
 
 // A classification data set from the user's own files (instead of a GLUE task).
