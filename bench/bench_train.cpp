@@ -103,7 +103,7 @@ Shape model_shape(const std::string& name, const Args& a) {
 emoe::RunConfig method_config(const std::string& method, const Shape& s, int64_t layers) {
   std::string m = method == "emoe-dispatched" ? "emoe" : method;
   std::vector<std::string> sets = {"model=(random)", "task=sst2", "method=" + m};
-  if (m == "emoe" || m == "emoe+lora" || m == "emoe-learn") {
+  if (m == "emoe" || m == "emoe+lora" || m == "emoe-learn" || m == "emoe-learn-init") {
     sets.push_back(fmt::format("moe.experts={}", s.experts));
     sets.push_back(fmt::format("moe.topk={}", s.topk));
     std::vector<int64_t> all(layers);

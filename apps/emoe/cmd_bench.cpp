@@ -149,9 +149,18 @@ void run_bench(const BenchArgs& a) {
   for (std::string m; std::getline(ss, m, ',');)
     if (!m.empty()) methods.push_back(m);
   EMOE_CHECK(!methods.empty(), UsageError, "--methods: expected a list like dense,lora,emoe");
-  static const std::set<std::string> known = {"dense",     "full",       "lora", "ia3",
-                                              "mov",       "molora",     "emoe", "emoe-dispatched",
-                                              "emoe+lora", "emoe-learn", "gmoe"};
+  static const std::set<std::string> known = {"dense",
+                                              "full",
+                                              "lora",
+                                              "ia3",
+                                              "mov",
+                                              "molora",
+                                              "emoe",
+                                              "emoe-dispatched",
+                                              "emoe+lora",
+                                              "emoe-learn",
+                                              "emoe-learn-init",
+                                              "gmoe"};
   for (const auto& m : methods)
     EMOE_CHECK(known.count(m), UsageError, "--methods: unknown method '{}' (known: {})", m,
                fmt::join(known, ", "));
@@ -217,7 +226,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("MODEL_DIR", a->model_dir, "Model folder")->required();
   cmd->add_option("--methods", a->methods,
                   "Comma-separated: dense, lora, ia3, mov, molora, emoe, emoe-dispatched, "
-                  "emoe+lora, emoe-learn, gmoe")
+                  "emoe+lora, emoe-learn, emoe-learn-init, gmoe")
       ->capture_default_str();
   cmd->add_option("--batch", a->batch, "Sequences per batch")
       ->capture_default_str()

@@ -14,8 +14,7 @@ namespace emoe::cli {
 namespace {
 
 struct ConvertArgs {
-  std::string model_dir, out, method = "emoe", layers, split = "balanced-kmeans", gate,
-                              gate_init = "avgk";
+  std::string model_dir, out, method = "emoe", layers, split = "balanced-kmeans", gate, gate_init;
   std::string execution, balance, sample, max_shard_size;
   int64_t experts = 0, topk = 0, restarts = 10, max_iter = 1000, sample_tokens = 4096;
   uint64_t seed = 0;
@@ -38,19 +37,19 @@ void run_convert(const ConvertArgs& a) {
   EMOE_CHECK(existing.empty(), UsageError, "{}: already converted ({}); export it to dense first",
              a.model_dir, to_string(existing.config.method));
   const auto& s = model->summary();
-  MoeConfig cfg = MoeConfig::for_method(parse_moe_method(a.method));
+  MoeConfig cfg = MoeConfig::for_method_name(a.method);
   if (a.experts) cfg.experts = a.experts;
   if (a.topk)
     cfg.topk = a.topk;
   else if (a.experts && cfg.method != MoeMethod::kGmoe)
     cfg.topk = std::max<int64_t>(1, cfg.experts / 4);
-  cfg.layers = parse_layer_list(a.layers, s.ffn_layers());
+  cfg.layers = parse_layer_list(a.layers, s.ffn_layers(), s.num_decoder_layers);
   cfg.split = a.split;
   cfg.seed = a.seed;
   cfg.kmeans.restarts = a.restarts;
   cfg.kmeans.max_iter = a.max_iter;
   if (!a.gate.empty()) cfg.gate = parse_gate_kind(a.gate);
-  cfg.gate_init = a.gate_init;
+  if (!a.gate_init.empty()) cfg.gate_init = a.gate_init;
   if (!a.execution.empty()) cfg.execution = parse_execution(a.execution);
   if (a.tutel) cfg.enable_tutel_parity();
   if (!a.balance.empty()) cfg.balance = parse_balance_loss(a.balance);
@@ -96,7 +95,7 @@ void register_convert(CLI::App& app) {
   cmd->add_option("MODEL_DIR", a->model_dir, "Dense model folder")->required();
   cmd->add_option("-o,--output", a->out, "Output folder (config, safetensors, moe.json, tokenizer)")
       ->required();
-  cmd->add_option("--method", a->method, "emoe, emoe-learn, gmoe or moefication")
+  cmd->add_option("--method", a->method, "emoe, emoe-learn, emoe-learn-init, gmoe or moefication")
       ->capture_default_str();
   cmd->add_option("--experts,-N", a->experts, "Experts per layer (default: 64; GMoE 8)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -113,7 +112,8 @@ void register_convert(CLI::App& app) {
   cmd->add_option("--max-iter", a->max_iter, "Balanced k-means iterations per restart")
       ->capture_default_str();
   cmd->add_option("--gate", a->gate, "avgk (emoe), linear or cosine (emoe-learn, gmoe)");
-  cmd->add_option("--gate-init", a->gate_init, "Learned linear gate init: avgk or random")
+  cmd->add_option("--gate-init", a->gate_init,
+                  "Learned linear gate init: avgk or random (default: the method's)")
       ->capture_default_str();
   cmd->add_option("--execution", a->execution, "masked or dispatched");
   cmd->add_option("--balance-loss", a->balance, "none, importance-load, switch or zloss");

@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "emoe/core/error.h"
+#include "emoe/eval/metrics.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/io/hf_config.h"
 #include "emoe/models/loader.h"
@@ -34,24 +35,6 @@ std::vector<std::string> split_commas(const std::string& s) {
   while (std::getline(ss, part, ','))
     if (!part.empty()) out.push_back(part);
   return out;
-}
-
-struct Stat {
-  double mean = 0, std = 0;
-  int64_t n = 0;
-};
-Stat stat_of(const std::vector<double>& v) {
-  Stat s;
-  s.n = static_cast<int64_t>(v.size());
-  if (v.empty()) return s;
-  for (double x : v) s.mean += x;
-  s.mean /= static_cast<double>(v.size());
-  if (v.size() > 1) {
-    double ss = 0;
-    for (double x : v) ss += (x - s.mean) * (x - s.mean);
-    s.std = std::sqrt(ss / static_cast<double>(v.size() - 1));
-  }
-  return s;
 }
 
 // A comma list of a flag with no value given twice (two runs would share one output folder).
@@ -98,11 +81,18 @@ void write_sweep_report(const SweepArgs& a, const RunConfig& base, const std::st
   std::string header =
       fmt::format("| method | chosen | {} |\n|---|---|{}\n", fmt::join(set_names, " | "), seps);
   const bool classification = base.objective == ObjectiveKind::kClassification;
+  std::string metric = "dev loss";
+  if (classification) {
+    const TaskSpec task = run_task(base);
+    metric = task.main_metric == kMeanMetric
+                 ? fmt::format("mean of {} (percent)", fmt::join(task.metrics, " and "))
+                 : task.main_metric + " (percent)";
+  }
   std::string md = fmt::format(
-      "{} on {} ({}), mean ± std over seeds {} at each run's best epoch: {}\n\n{}{}\n", base.model,
-      classification ? base.task : "instructions", a.methods.empty() ? base.method : a.methods,
-      a.seeds, classification ? run_task(base).main_metric + " (percent)" : "dev loss", header,
-      fmt::join(table, "\n"));
+      "{} on {} ({}), mean ± population std (divided by n, as the papers) over seeds {} at each "
+      "run's best epoch: {}\n\n{}{}\n",
+      base.model, classification ? base.task : "instructions",
+      a.methods.empty() ? base.method : a.methods, a.seeds, metric, header, fmt::join(table, "\n"));
   std::cout << md;
   fs::create_directories(root);
   write_text_atomic((fs::path(root) / "sweep.md").string(), md);
@@ -136,7 +126,7 @@ void check_run_fits_model(const RunConfig& cfg, std::map<std::string, ModelSumma
   const ModelSummary& s = it->second;
   if (!cfg.uses_moe()) return;
   MoeConfig moe = cfg.moe;
-  if (moe.layers.empty()) moe.layers = default_moe_layers(s.ffn_layers());
+  resolve_moe_layers(moe, s.num_layers, s.num_decoder_layers);
   moe.validate(s.ffn_layers(), s.intermediate_size);
 }
 
@@ -240,12 +230,13 @@ void run_sweep(const SweepArgs& a) {
     size_t best_pi = 0;
     double best_mean = -std::numeric_limits<double>::infinity();
     for (size_t pi = 0; pi < points.size(); ++pi) {
-      double m = stat_of(per_point[pi]["dev"]).mean * (main_metric == "dev_loss" ? -1 : 1);
+      double m =
+          mean_population_std(per_point[pi]["dev"]).mean * (main_metric == "dev_loss" ? -1 : 1);
       if (m > best_mean) best_mean = m, best_pi = pi;
     }
     std::vector<std::string> cells;
     for (const auto& set : set_names) {
-      auto s = stat_of(per_point[best_pi][set]);
+      auto s = mean_population_std(per_point[best_pi][set]);
       cells.push_back(s.n ? fmt::format("{:.2f} ± {:.2f}", s.mean, s.std) : "-");
     }
     table.push_back(fmt::format(

@@ -50,8 +50,8 @@ TEST(TrainE2E, EveryMethodTrainsEvaluatesAndReloads) {
   EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
   EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
   emoe::test::TempDir tmp;
-  for (std::string method :
-       {"full", "lora", "ia3", "mov", "molora", "emoe", "emoe+lora", "emoe-learn", "gmoe"}) {
+  for (std::string method : {"full", "lora", "ia3", "mov", "molora", "emoe", "emoe+lora",
+                             "emoe-learn", "emoe-learn-init", "gmoe"}) {
     SCOPED_TRACE(method);
     auto out = tmp.file(method);
     auto r = emoe::run_training(tiny_run(bert, method, out), false);
@@ -68,7 +68,7 @@ TEST(TrainE2E, EveryMethodTrainsEvaluatesAndReloads) {
       EXPECT_TRUE(fs::exists(out + "/adapter/adapter_model.safetensors"));
     // dense exports need no moe.json / peft.json
     if (method == "full" || method == "lora" || method == "emoe" || method == "emoe+lora" ||
-        method == "emoe-learn") {
+        method == "emoe-learn" || method == "emoe-learn-init") {
       EXPECT_FALSE(fs::exists(out + "/model/moe.json"));
       EXPECT_FALSE(fs::exists(out + "/model/peft.json"));
     }

@@ -137,9 +137,9 @@ TEST(MoeEquivalence, MaskedAndDispatchedAgreeOnOutputsAndGradients) {
   for (const auto& c : kCases) {
     SCOPED_TRACE(c.dir);
     EMOE_REQUIRE_SHARED(dir, c.dir);
-    for (auto method : {emoe::MoeMethod::kEmoe, emoe::MoeMethod::kEmoeLearn}) {
+    for (const char* method : {"emoe", "emoe-learn", "emoe-learn-init"}) {
       auto model = load_f64(dir);
-      auto cfg = emoe::MoeConfig::for_method(method);
+      auto cfg = emoe::MoeConfig::for_method_name(method);
       cfg.experts = c.experts;
       cfg.topk = 2;
       cfg.layers = all_layers(*model);
@@ -162,7 +162,7 @@ TEST(MoeEquivalence, MaskedAndDispatchedAgreeOnOutputsAndGradients) {
       double gmax = 0;
       for (size_t i = 0; i < gm.size(); ++i)
         gmax = std::max(gmax, emoe::test::max_abs_diff(gm[i], gd[i]));
-      EXPECT_LT(gmax, 1e-5) << emoe::to_string(method);
+      EXPECT_LT(gmax, 1e-5) << method;
     }
   }
 }

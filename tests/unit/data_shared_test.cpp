@@ -33,7 +33,9 @@ TEST(DataShared, GlueSplitsHaveTheOfficialCountsAndLabels) {
   // Counts from `wc -l` minus the header; label counts from `cut | sort | uniq -c`.
   const std::vector<SharedGlueCase> cases = {
       {"cola", "train", 8551, {{0, 2528}, {1, 6023}}},
-      {"cola", "dev", 527, {{0, 162}, {1, 365}}},
+      // GLUE's dev = in_domain_dev (527) + out_of_domain_dev (516)
+      {"cola", "dev", 1043, {{0, 324}, {1, 719}}},
+      {"cola", "dev_in_domain", 527, {{0, 162}, {1, 365}}},
       {"cola", "test", 1063, {}},
       {"sst2", "train", 67349, {{0, 29780}, {1, 37569}}},
       {"sst2", "dev", 872, {{0, 428}, {1, 444}}},

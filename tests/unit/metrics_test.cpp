@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "emoe/core/error.h"
+#include "emoe/data/dataset.h"
 
 namespace {
 
@@ -79,13 +80,45 @@ TEST(Metrics, SpearmanAveragesTiedRanks) {
 TEST(Metrics, ComputeMetricsInPercent) {
   auto m = emoe::compute_metrics({"accuracy", "f1", "mcc"}, {1, 1, 0, 0, 1, 0}, {1, 0, 0, 0, 1, 1},
                                  false);
-  ASSERT_EQ(m.size(), 3u);
+  ASSERT_EQ(m.size(), 4u);  // the three and their mean
   EXPECT_NEAR(m["accuracy"], 100.0 * 4 / 6, 1e-9);
   EXPECT_NEAR(m["f1"], 100.0 * 2 / 3, 1e-9);
   EXPECT_NEAR(m["mcc"], 100.0 / 3, 1e-9);
   auto r = emoe::compute_metrics({"pearson", "spearman"}, {1, 2, 3, 4, 5}, {2, 4, 5, 4, 5}, true);
   EXPECT_NEAR(r["pearson"], 100 * 6.0 / std::sqrt(60.0), 1e-9);
   EXPECT_NEAR(r["spearman"], 73.78647873726218, 1e-9);
+}
+
+TEST(Metrics, SeveralMetricsAddTheirMeanAsTheAuthorsSelect) {
+  // MRPC-like: accuracy 4/6, F1 2/3 -> mean 2/3; one metric alone gets no mean
+  auto m = emoe::compute_metrics({"accuracy", "f1"}, {1, 1, 0, 0, 1, 0}, {1, 0, 0, 0, 1, 1}, false);
+  ASSERT_EQ(m.size(), 3u);
+  EXPECT_NEAR(m[emoe::kMeanMetric], (m["accuracy"] + m["f1"]) / 2, 1e-12);
+  EXPECT_NEAR(m["mean"], 100.0 * 2 / 3, 1e-9);
+  EXPECT_EQ(emoe::compute_metrics({"mcc"}, {1, 0}, {1, 0}, false).count("mean"), 0u);
+  // STS-B-like: the mean of Pearson and Spearman
+  auto r = emoe::compute_metrics({"pearson", "spearman"}, {1, 2, 3, 4, 5}, {2, 4, 5, 4, 5}, true);
+  EXPECT_NEAR(r["mean"], (100 * 6.0 / std::sqrt(60.0) + 73.78647873726218) / 2, 1e-9);
+  // the GLUE registry selects these tasks by that mean and still lists every metric
+  for (const char* t : {"mrpc", "qqp", "stsb"}) {
+    SCOPED_TRACE(t);
+    EXPECT_EQ(emoe::glue_task(t).main_metric, emoe::kMeanMetric);
+    EXPECT_EQ(emoe::glue_task(t).metrics.size(), 2u);
+  }
+  EXPECT_EQ(emoe::glue_task("cola").main_metric, "mcc");
+  EXPECT_EQ(emoe::glue_task("sst2").main_metric, "accuracy");
+}
+
+TEST(Metrics, TableStdIsThePopulationStd) {
+  // numpy: np.std([1, 2, 3, 4]) = sqrt(1.25); the sample std would be sqrt(5/3)
+  auto s = emoe::mean_population_std({1, 2, 3, 4});
+  EXPECT_EQ(s.n, 4);
+  EXPECT_DOUBLE_EQ(s.mean, 2.5);
+  EXPECT_NEAR(s.std, std::sqrt(1.25), 1e-12);
+  EXPECT_DOUBLE_EQ(emoe::mean_population_std({7}).std, 0.0);
+  EXPECT_EQ(emoe::mean_population_std({}).n, 0);
+  // three seeds as the tables: 80, 82, 84 -> sqrt(8/3) = 1.633, not 2
+  EXPECT_NEAR(emoe::mean_population_std({80, 82, 84}).std, std::sqrt(8.0 / 3.0), 1e-12);
 }
 
 TEST(Metrics, BadInputsAreUsageErrors) {

@@ -214,6 +214,155 @@ TEST(EmoeLayer, ConfigErrorsAreClear) {
   EXPECT_THROW(emoe::parse_layer_list("x", 6), emoe::UsageError);
 }
 
+TEST(EmoeLearn, DefaultIsTheAuthorsCosineRouter) {
+  // README of the authors: --gate_type cosine_top --num_experts 64 --top_k 16, random init
+  const auto cfg = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoeLearn);
+  EXPECT_EQ(cfg.gate, emoe::GateKind::kCosine);
+  EXPECT_EQ(cfg.gate_init, "random");
+  EXPECT_EQ(cfg.experts, 64);
+  EXPECT_EQ(cfg.topk, 16);
+  EXPECT_EQ(cfg.cosine_dim, 256);
+  EXPECT_TRUE(cfg.weighted);
+  const auto init = emoe::MoeConfig::for_method_name("emoe-learn-init");
+  EXPECT_EQ(init.method, emoe::MoeMethod::kEmoeLearn);
+  EXPECT_EQ(init.gate, emoe::GateKind::kLinear);
+  EXPECT_EQ(init.gate_init, "avgk");
+  EXPECT_EQ(emoe::MoeConfig::for_method_name("gmoe").gate, emoe::GateKind::kCosine);
+  EXPECT_THROW(emoe::MoeConfig::for_method_name("emoe-learn-x"), emoe::UsageError);
+}
+
+TEST(EmoeLearn, CosineRouterRoutesAsComputedByHand) {
+  // d = 2, E = 3, projection to 2 dims = identity (bias 0); expert embeddings (columns)
+  // (1, 0), (0, 2) and (-1, -1): cosine drops their lengths. Temperature ln 2 -> scale 2.
+  emoe::CosineGateImpl gate(2, 3, 2);
+  EXPECT_NEAR(gate.temperature.item<double>(), std::log(2.0), 1e-7);  // t0 = ln(1 / 0.5)
+  EXPECT_EQ(gate.sim_matrix.sizes(), (std::vector<int64_t>{2, 3}));
+  EXPECT_LT(gate.sim_matrix.abs().max().item<double>(), 0.1);  // N(0, 0.01) at the start
+  {
+    torch::NoGradGuard g;
+    gate.cosine_projector->weight.copy_(torch::eye(2));
+    gate.cosine_projector->bias.zero_();
+    gate.sim_matrix.copy_(torch::tensor({{1.f, 0.f, -1.f}, {0.f, 2.f, -1.f}}));
+  }
+  auto model = tiny_bert();  // the slot is not read by a learned gate
+  auto& slot = *model->ffn_slots()[0];
+  // x = (3, 4) -> (0.6, 0.8): cosines 0.6, 0.8, -1.4/sqrt(2); times 2
+  auto x = torch::tensor({{3.f, 4.f}, {-30.f, -40.f}});
+  auto logits = gate.logits(x, slot).detach();
+  const double c2 = -1.4 / std::sqrt(2.0);
+  auto want = torch::tensor({{1.2, 1.6, 2 * c2}, {-1.2, -1.6, -2 * c2}}, torch::kFloat);
+  EXPECT_TRUE(torch::allclose(logits, want, 1e-5, 1e-5)) << logits;
+  // top-2 with renormalised probabilities: token 0 picks experts 1 then 0, weights
+  // sigmoid(+-0.4); token 1 (the opposite direction) picks 2 then 0, weights sigmoid(2.6 +- ...)
+  auto cfg = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoeLearn);
+  cfg.experts = 3;
+  cfg.topk = 2;
+  auto r = emoe::route_tokens(logits, cfg, false);
+  EXPECT_TRUE(torch::equal(r.experts, torch::tensor({{1L, 0L}, {2L, 0L}})));
+  const double w0 = 1 / (1 + std::exp(-0.4)), w1 = 1 / (1 + std::exp(-(-2 * c2 + 1.2)));
+  EXPECT_TRUE(torch::allclose(r.weights, torch::tensor({{w0, 1 - w0}, {w1, 1 - w1}}, torch::kFloat),
+                              1e-5, 1e-5))
+      << r.weights;
+  // the learned temperature is capped at ln 100: scale 100, not e^10
+  {
+    torch::NoGradGuard g;
+    gate.temperature.fill_(10.0);
+  }
+  EXPECT_NEAR(gate.logits(x, slot)[0][0].item<double>(), 60.0, 1e-3);
+}
+
+TEST(EmoeLearn, InitVariantStartsWithEmoesRouting) {
+  // emoe-learn-init's linear gate starts at the experts' mean keys: the same logits, so the same
+  // experts, as EMoE's avg-k gate on the same split; only the combine weights differ
+  auto emoe_model = tiny_llama();
+  auto init_model = tiny_llama();  // the same seed: the same weights
+  auto cfg = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
+  auto icfg = emoe::MoeConfig::for_method_name("emoe-learn-init");
+  for (auto* c : {&cfg, &icfg}) {
+    c->experts = 4;
+    c->topk = 2;
+    c->layers = {1};
+    c->kmeans.restarts = 1;
+  }
+  emoe::convert_to_moe(*emoe_model, cfg);
+  emoe::convert_to_moe(*init_model, icfg);
+  auto x = torch::randn({9, 16});
+  auto* es = emoe_model->ffn_slots()[1];
+  auto* is = init_model->ffn_slots()[1];
+  auto& egate = *emoe::moe_plugs(*emoe_model)[0]->gate();
+  auto& igate = *emoe::moe_plugs(*init_model)[0]->gate();
+  EXPECT_TRUE(egate.parameters().empty());
+  ASSERT_EQ(igate.parameters().size(), 1u);  // E x d, no bias
+  auto le = egate.logits(x, *es).detach(), li = igate.logits(x, *is).detach();
+  EXPECT_TRUE(torch::allclose(le, li, 1e-6, 1e-6));
+  auto re = emoe::route_tokens(le, cfg, false);
+  auto ri = emoe::route_tokens(li, icfg, false);
+  EXPECT_TRUE(torch::equal(std::get<0>(re.experts.sort(1)), std::get<0>(ri.experts.sort(1))));
+}
+
+namespace {
+
+emoe::ModelPtr moe_tiny_t5(int64_t layers) {
+  nlohmann::json j = {{"model_type", "t5"},
+                      {"vocab_size", 50},
+                      {"d_model", 16},
+                      {"d_kv", 8},
+                      {"d_ff", 32},
+                      {"num_layers", layers},
+                      {"num_decoder_layers", layers},
+                      {"num_heads", 2},
+                      {"feed_forward_proj", "gated-gelu"}};
+  torch::manual_seed(0);
+  return emoe::create_model(emoe::JsonFields(j, "t5/config.json"), emoe::Head::kSeq2SeqLM);
+}
+
+}  // namespace
+
+TEST(MoeLayers, T5DefaultConvertsLayersOfTheEncoderAndTheDecoder) {
+  auto model = moe_tiny_t5(6);
+  ASSERT_EQ(model->summary().ffn_layers(), 12);
+  auto cfg = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
+  cfg.experts = 4;
+  cfg.topk = 2;
+  cfg.kmeans.restarts = 1;
+  auto state = emoe::convert_to_moe(*model, cfg);  // no layers given: the default
+  // every other among the last four of each stack: encoder 2, 4 and decoder 2, 4 (= 8, 10)
+  EXPECT_EQ(state.config.layers, (std::vector<int64_t>{2, 4, 8, 10}));
+  int64_t encoder = 0, decoder = 0;
+  for (const auto& [l, split] : state.splits) (l < 6 ? encoder : decoder) += 1;
+  EXPECT_EQ(encoder, 2);
+  EXPECT_EQ(decoder, 2);
+  for (int64_t l : {2, 4, 8, 10}) EXPECT_TRUE(model->ffn_slots()[l]->plug()) << l;
+  EXPECT_EQ(emoe::default_moe_layers(6, 6), (std::vector<int64_t>{2, 4, 8, 10}));
+  EXPECT_EQ(emoe::default_moe_layers(12, 0), (std::vector<int64_t>{8, 10}));
+
+  // layers named per stack, in a config and on convert's command line
+  auto named = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
+  named.encoder_layers = {5};
+  named.decoder_layers = {0, 5};
+  emoe::resolve_moe_layers(named, 6, 6);
+  EXPECT_EQ(named.layers, (std::vector<int64_t>{5, 6, 11}));
+  EXPECT_EQ(emoe::parse_layer_list("encoder.5,decoder.0,decoder.5", 12, 6),
+            (std::vector<int64_t>{5, 6, 11}));
+  EXPECT_EQ(emoe::parse_layer_list("", 12, 6), (std::vector<int64_t>{2, 4, 8, 10}));
+  EXPECT_EQ(emoe::parse_layer_list("7", 12, 6), (std::vector<int64_t>{7}));  // = decoder.1
+  EXPECT_THROW(emoe::parse_layer_list("decoder.6", 12, 6), emoe::UsageError);
+  EXPECT_THROW(emoe::parse_layer_list("encoder.1", 12), emoe::UsageError);  // one stack
+  EXPECT_THROW(emoe::parse_layer_list("encoder.x", 12, 6), emoe::UsageError);
+  auto bad = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
+  bad.decoder_layers = {6};
+  try {
+    emoe::resolve_moe_layers(bad, 6, 6);
+    FAIL();
+  } catch (const emoe::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("decoder.6 does not exist (the decoder has layers 0..5)"),
+              std::string::npos)
+        << e.what();
+  }
+  bad.decoder_layers = {1};
+  EXPECT_THROW(emoe::resolve_moe_layers(bad, 12, 0), emoe::UsageError);  // a decoder-only model
+}
+
 TEST(Moefication, RouterLearnsActivationSharesAndDispatchMatchesMasked) {
   auto model = tiny_llama();
   std::vector<emoe::ModelInputs> sample;

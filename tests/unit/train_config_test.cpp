@@ -76,6 +76,64 @@ TEST(RunConfig, TutelSwitchAndMethodDefaults) {
   EXPECT_TRUE(l.uses_moe());
 }
 
+TEST(RunConfig, EmoeLearnIsTheCosineRouterAndInitIsItsLinearVariant) {
+  auto c = emoe::load_run_config("", {"model=m", "task=sst2", "method=emoe-learn"});
+  EXPECT_EQ(c.moe.method, emoe::MoeMethod::kEmoeLearn);
+  EXPECT_EQ(c.moe.gate, emoe::GateKind::kCosine);
+  EXPECT_NO_THROW(c.validate());
+  auto i = emoe::load_run_config("", {"model=m", "task=sst2", "method=emoe-learn-init"});
+  EXPECT_EQ(i.moe.method, emoe::MoeMethod::kEmoeLearn);
+  EXPECT_EQ(i.moe.gate, emoe::GateKind::kLinear);
+  EXPECT_EQ(i.moe.gate_init, "avgk");
+  EXPECT_TRUE(i.uses_moe());
+  EXPECT_EQ(i.peft_method(), emoe::PeftMethod::kNone);
+  EXPECT_NO_THROW(i.validate());
+  auto i2 = emoe::RunConfig::from_json(i.to_json(), "resolved");
+  EXPECT_EQ(i2.to_json(), i.to_json());
+  try {
+    emoe::load_run_config("",
+                          {"model=m", "task=sst2", "method=emoe-learn-init", "moe.gate=cosine"});
+    FAIL();
+  } catch (const emoe::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("emoe-learn-init is the linear gate initialised to avg-k"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(RunConfig, MoeLayersNameTheEncoderAndTheDecoder) {
+  auto c = emoe::load_run_config(
+      "", {"model=m", "task=sst2", "method=emoe", "moe.layers=[encoder.5, decoder.0, decoder.5]"});
+  EXPECT_TRUE(c.moe.layers.empty());  // resolved against the model at conversion
+  EXPECT_EQ(c.moe.encoder_layers, (std::vector<int64_t>{5}));
+  EXPECT_EQ(c.moe.decoder_layers, (std::vector<int64_t>{0, 5}));
+  auto c2 = emoe::RunConfig::from_json(c.to_json(), "resolved");
+  EXPECT_EQ(c2.to_json(), c.to_json());
+  emoe::resolve_moe_layers(c.moe, 6, 6);
+  EXPECT_EQ(c.moe.layers, (std::vector<int64_t>{5, 6, 11}));
+  // plain integers keep counting both stacks together
+  auto p = emoe::load_run_config("", {"model=m", "task=sst2", "method=emoe", "moe.layers=[7]"});
+  EXPECT_EQ(p.moe.layers, (std::vector<int64_t>{7}));
+  EXPECT_TRUE(p.moe.encoder_layers.empty());
+  auto msg = [](const std::vector<std::string>& sets) {
+    try {
+      emoe::load_run_config("", sets);
+    } catch (const emoe::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(
+      msg({"model=m", "task=sst2", "method=emoe", "moe.layers=[encoder.1, 3]"}).find("not both"),
+      std::string::npos);
+  EXPECT_NE(msg({"model=m", "task=sst2", "method=emoe", "moe.layers=[middle.1]"})
+                .find("expected a layer index, encoder.N or decoder.N, got 'middle.1'"),
+            std::string::npos);
+  EXPECT_NE(msg({"model=m", "task=sst2", "method=emoe", "moe.layers=[1]", "moe.decoder_layers=[1]"})
+                .find("not both"),
+            std::string::npos);
+}
+
 TEST(Schedules, MatchHuggingFaceFormulas) {
   // linear with 10 warm-up steps over 110: 0, 0.5 at step 5, 1 at 10, 0.5 at 60, 0 at 110
   EXPECT_DOUBLE_EQ(emoe::schedule_factor("linear", 0, 110, 10), 0.0);

@@ -142,7 +142,24 @@ std::map<std::string, double> compute_metrics(const std::vector<std::string>& na
     }
     out[name] = 100.0 * v;
   }
+  if (names.size() > 1) {
+    double sum = 0;
+    for (const auto& name : names) sum += out[name];
+    out[kMeanMetric] = sum / static_cast<double>(names.size());
+  }
   return out;
+}
+
+MeanStd mean_population_std(const std::vector<double>& values) {
+  MeanStd s;
+  s.n = static_cast<int64_t>(values.size());
+  if (values.empty()) return s;
+  for (double x : values) s.mean += x;
+  s.mean /= static_cast<double>(values.size());
+  double ss = 0;
+  for (double x : values) ss += (x - s.mean) * (x - s.mean);
+  s.std = std::sqrt(ss / static_cast<double>(values.size()));
+  return s;
 }
 
 }  // namespace emoe

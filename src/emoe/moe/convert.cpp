@@ -121,7 +121,7 @@ FfnActivations collect_ffn_activations(PretrainedModelImpl& model,
 MoeState convert_to_moe(PretrainedModelImpl& model, MoeConfig cfg,
                         const std::vector<ModelInputs>& sample) {
   const auto& s = model.summary();
-  if (cfg.layers.empty()) cfg.layers = default_moe_layers(s.ffn_layers());
+  resolve_moe_layers(cfg, s.num_layers, s.num_decoder_layers);
   cfg.validate(s.ffn_layers(), s.intermediate_size);
   for (auto l : cfg.layers)
     EMOE_CHECK(!slot_at(model, l).plug(), UsageError, "layer {} is already converted", l);

@@ -87,7 +87,11 @@ MoeConfig MoeConfig::for_method(MoeMethod m) {
       c.gate = GateKind::kAvgK;
       break;
     case MoeMethod::kEmoeLearn:
-      c.gate = GateKind::kLinear;
+      // As the authors ran it (README: --gate_type cosine_top --num_experts 64 --top_k 16): the
+      // GMoE cosine router, randomly initialised; the top-k probabilities renormalised weight
+      // the experts. for_method_name("emoe-learn-init") is the linear gate started at avg-k.
+      c.gate = GateKind::kCosine;
+      c.gate_init = "random";
       c.weighted = true;
       break;
     case MoeMethod::kGmoe:
@@ -105,6 +109,19 @@ MoeConfig MoeConfig::for_method(MoeMethod m) {
       break;
   }
   return c;
+}
+
+MoeConfig MoeConfig::for_method_name(const std::string& name) {
+  if (name == kEmoeLearnInit) {
+    // The rebuttal's EMoE-learn-init: the authors' `--gate_type top` without --random_init_gate,
+    // a linear gate (E x d, no bias) whose rows start as the experts' mean keys (avg-k), so
+    // that it routes as EMoE does before the first step.
+    MoeConfig c = for_method(MoeMethod::kEmoeLearn);
+    c.gate = GateKind::kLinear;
+    c.gate_init = "avgk";
+    return c;
+  }
+  return for_method(parse_moe_method(name));
 }
 
 void MoeConfig::enable_tutel_parity() {
@@ -160,6 +177,8 @@ nlohmann::json MoeConfig::to_json() const {
           {"experts", experts},
           {"topk", topk},
           {"layers", layers},
+          {"encoder_layers", encoder_layers},
+          {"decoder_layers", decoder_layers},
           {"split", split},
           {"seed", seed},
           {"kmeans",
@@ -193,6 +212,8 @@ MoeConfig MoeConfig::from_json(const JsonFields& j) {
   c.experts = j.get_int("experts");
   c.topk = j.get_int("topk");
   c.layers = j.get_int_list("layers");
+  if (j.has("encoder_layers")) c.encoder_layers = j.get_int_list("encoder_layers");
+  if (j.has("decoder_layers")) c.decoder_layers = j.get_int_list("decoder_layers");
   c.split = j.get_string("split", c.split);
   c.seed = static_cast<uint64_t>(j.get_int("seed", 0));
   if (j.has("kmeans")) {
@@ -226,8 +247,44 @@ std::vector<int64_t> default_moe_layers(int64_t num_layers) {
   return out;
 }
 
-std::vector<int64_t> parse_layer_list(const std::string& text, int64_t num_layers) {
-  if (text.empty() || text == "default") return default_moe_layers(num_layers);
+std::vector<int64_t> default_moe_layers(int64_t num_layers, int64_t num_decoder_layers) {
+  std::vector<int64_t> out = default_moe_layers(num_layers);
+  if (num_decoder_layers > 0)
+    for (auto l : default_moe_layers(num_decoder_layers)) out.push_back(num_layers + l);
+  return out;
+}
+
+void resolve_moe_layers(MoeConfig& cfg, int64_t num_layers, int64_t num_decoder_layers) {
+  if (!cfg.layers.empty()) return;
+  if (cfg.encoder_layers.empty() && cfg.decoder_layers.empty()) {
+    cfg.layers = default_moe_layers(num_layers, num_decoder_layers);
+    return;
+  }
+  const std::string where = cfg.origin.empty() ? "--layers" : cfg.origin + "layers";
+  EMOE_CHECK(num_decoder_layers > 0, UsageError,
+             "{}: encoder and decoder layers are named for an encoder-decoder model; this one "
+             "has one stack of {} layers (give plain layer indices)",
+             where, num_layers);
+  std::set<int64_t> out;
+  auto add = [&](const std::vector<int64_t>& ls, int64_t n, int64_t offset, const char* stack) {
+    for (auto l : ls) {
+      EMOE_CHECK(l >= 0 && l < n, UsageError, "{}: {}.{} does not exist (the {} has layers 0..{})",
+                 where, stack, l, stack, n - 1);
+      EMOE_CHECK(out.insert(offset + l).second, UsageError, "{}: {}.{} is listed twice", where,
+                 stack, l);
+    }
+  };
+  add(cfg.encoder_layers, num_layers, 0, "encoder");
+  add(cfg.decoder_layers, num_decoder_layers, num_layers, "decoder");
+  cfg.layers.assign(out.begin(), out.end());
+}
+
+std::vector<int64_t> parse_layer_list(const std::string& text, int64_t num_layers,
+                                      int64_t num_decoder_layers) {
+  const int64_t encoder = num_layers - num_decoder_layers;
+  if (text.empty() || text == "default")
+    return num_decoder_layers > 0 ? default_moe_layers(encoder, num_decoder_layers)
+                                  : default_moe_layers(num_layers);
   std::set<int64_t> out;
   if (text == "all") {
     for (int64_t l = 0; l < num_layers; ++l) out.insert(l);
@@ -236,6 +293,22 @@ std::vector<int64_t> parse_layer_list(const std::string& text, int64_t num_layer
   std::stringstream ss(text);
   std::string part;
   while (std::getline(ss, part, ',')) {
+    const bool enc = part.rfind("encoder.", 0) == 0, dec = part.rfind("decoder.", 0) == 0;
+    if (enc || dec) {
+      EMOE_CHECK(num_decoder_layers > 0, UsageError,
+                 "--layers {}: encoder and decoder layers are named for an encoder-decoder model; "
+                 "this one has one stack of {} layers",
+                 part, num_layers);
+      const std::string digits = part.substr(8);
+      EMOE_CHECK(!digits.empty() && digits.size() <= 9 &&
+                     digits.find_first_not_of("0123456789") == std::string::npos,
+                 UsageError, "--layers: expected encoder.N or decoder.N, got '{}'", part);
+      const int64_t l = std::stoll(digits), n = enc ? encoder : num_decoder_layers;
+      EMOE_CHECK(l < n, UsageError, "--layers: {} does not exist (the {} has layers 0..{})", part,
+                 enc ? "encoder" : "decoder", n - 1);
+      out.insert(enc ? l : encoder + l);
+      continue;
+    }
     try {
       size_t dash = part.find('-', 1);
       if (dash == std::string::npos) {

@@ -61,8 +61,8 @@ std::vector<ConfigField> make_fields() {
       {"data_dir", text, kNone, "folder of the GLUE and out-of-domain data"},
       {"ood", texts, kNone, "out-of-domain set names of the task, or [all]"},
       {"method",
-       "one of: full, lora, ia3, mov, molora, emoe, emoe+lora, emoe-learn, gmoe, "
-       "moefication",
+       "one of: full, lora, ia3, mov, molora, emoe, emoe+lora, emoe-learn, emoe-learn-init, "
+       "gmoe, moefication",
        kNone, "fine-tuning method"},
       {"ablation", "one of: none, train-dense-eval-moe, train-moe-eval-dense", kNone,
        "compute the dense FFN in training or in evaluation (SPEC §3.4)"},
@@ -71,8 +71,13 @@ std::vector<ConfigField> make_fields() {
        "follows `method:` (may be omitted)"},
       {"moe.experts", integer, at_least(1), "experts per converted layer (N)"},
       {"moe.topk", integer, at_least(1), "experts per token (k, at most N)"},
-      {"moe.layers", "list of integers", kNone,
-       "layers to convert; left out: the method's default layers"},
+      {"moe.layers", "list of integers (or encoder.N / decoder.N)", kNone,
+       "layers to convert (an encoder-decoder's counted over both stacks, or named per stack); "
+       "left out: the method's default layers"},
+      {"moe.encoder_layers", "list of integers", kNone,
+       "an encoder-decoder's encoder blocks to convert (moe.layers' encoder.N)"},
+      {"moe.decoder_layers", "list of integers", kNone,
+       "an encoder-decoder's decoder blocks to convert (moe.layers' decoder.N)"},
       {"moe.split", "one of: balanced-kmeans, random, contiguous, coactivation", kNone,
        "how neurons are grouped into experts"},
       {"moe.seed", "non-negative integer", kNone, "seed of the split"},
@@ -246,7 +251,8 @@ std::string config_fields_markdown() {
   for (const char* k : {"mixture", "heldout", "rank_score"}) defaults[k] = s[k];
   defaults["train"]["max_target_length"] = s["train"]["max_target_length"];
   defaults["train"]["trainable"] = plain.train.trainable;  // written only when not "all"
-  defaults["moe"]["layers"] = nlohmann::json::array();
+  for (const char* k : {"layers", "encoder_layers", "decoder_layers"})
+    defaults["moe"][k] = nlohmann::json::array();
   RunConfig own_data;  // dataset: is null unless given; its keys' defaults
   own_data.dataset.train = "x";
   defaults["dataset"] = own_data.to_json()["dataset"];
@@ -260,7 +266,8 @@ std::string config_fields_markdown() {
       "resolved `config.json` is in the table, and that each range refuses its first value\n"
       "outside it. A key is written in YAML as nested mappings (`train: {lr: 3e-5}`) or with\n"
       "`--set train.lr=3e-5`. Defaults of `moe.*` are EMoE's (each MoE method has its own:\n"
-      "GMoE 8 experts top 2, cosine gate; EMoE-learn a linear gate); `peft.*` are LoRA's\n"
+      "GMoE 8 experts top 2, cosine gate; EMoE-learn the cosine router; EMoE-learn-init a linear\n"
+      "gate started at avg-k); `peft.*` are LoRA's\n"
       "(MoLoRA r 4). A range written [a, b) includes a and excludes b.\n\n"
       "| key | type | default | range | meaning |\n|---|---|---|---|---|\n";
   for (const auto& f : run_config_fields()) {

@@ -12,8 +12,8 @@ namespace emoe {
 
 const std::vector<std::string>& training_methods() {
   static const std::vector<std::string> methods = {
-      "full", "lora",      "ia3",        "mov",  "molora",
-      "emoe", "emoe+lora", "emoe-learn", "gmoe", "moefication"};
+      "full",      "lora",       "ia3",          "mov",  "molora",     "emoe",
+      "emoe+lora", "emoe-learn", kEmoeLearnInit, "gmoe", "moefication"};
   return methods;
 }
 

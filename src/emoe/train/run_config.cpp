@@ -262,16 +262,53 @@ void read_mixture(const nlohmann::json& j, const std::string& where, MixtureConf
   mr.finish();
 }
 
+// moe.layers entries "encoder.N" / "decoder.N" -> moe.encoder_layers / moe.decoder_layers.
+void read_stack_layers(nlohmann::json& merged, const nlohmann::json& given,
+                       const std::string& where) {
+  auto listed = [&](const char* key) {
+    return given.contains(key) && given[key].is_array() && !given[key].empty();
+  };
+  const bool named = listed("encoder_layers") || listed("decoder_layers");
+  if (given.contains("layers") && given["layers"].is_array()) {
+    bool strings = false, ints = false;
+    for (const auto& v : given["layers"]) (v.is_string() ? strings : ints) = true;
+    EMOE_CHECK(!(strings && ints), InputError,
+               "{}.moe.layers: expected integers (both stacks counted together) or names like "
+               "encoder.5 and decoder.5, not both",
+               where);
+    EMOE_CHECK(!named || given["layers"].empty(), InputError,
+               "{}.moe: give layers or encoder_layers/decoder_layers, not both", where);
+    if (!strings) return;
+    std::vector<int64_t> enc, dec;
+    for (const auto& v : given["layers"]) {
+      const std::string name = v.get<std::string>();
+      const bool is_enc = name.rfind("encoder.", 0) == 0, is_dec = name.rfind("decoder.", 0) == 0;
+      const std::string digits = name.substr(std::min<size_t>(8, name.size()));
+      EMOE_CHECK((is_enc || is_dec) && !digits.empty() && digits.size() <= 9 &&
+                     digits.find_first_not_of("0123456789") == std::string::npos,
+                 InputError,
+                 "{}.moe.layers: expected a layer index, encoder.N or decoder.N, got '{}'", where,
+                 name);
+      (is_enc ? enc : dec).push_back(std::stoll(digits));
+    }
+    merged["layers"] = nlohmann::json::array();
+    merged["encoder_layers"] = enc;
+    merged["decoder_layers"] = dec;
+  }
+}
+
 // moe: the defaults of the method, then the keys given (moe.json's field names).
 MoeConfig read_moe(Reader& r, const std::string& method, const std::string& where) {
+  const bool learn_init = method == kEmoeLearnInit;
   MoeMethod mm = MoeMethod::kEmoe;
-  if (method == "emoe-learn")
+  if (method == "emoe-learn" || learn_init)
     mm = MoeMethod::kEmoeLearn;
   else if (method == "gmoe")
     mm = MoeMethod::kGmoe;
   else if (method == "moefication")
     mm = MoeMethod::kMoefication;
-  MoeConfig moe = MoeConfig::for_method(mm);
+  MoeConfig moe =
+      learn_init ? MoeConfig::for_method_name(kEmoeLearnInit) : MoeConfig::for_method(mm);
   moe.layers.clear();
   if (auto* m = r.sub("moe")) {
     EMOE_CHECK(m->is_object(), InputError, "{}.moe: expected a mapping", where);
@@ -291,6 +328,9 @@ MoeConfig read_moe(Reader& r, const std::string& method, const std::string& wher
                  method, to_string(mm), it.value().dump());
       merged[it.key()] = it.value();
     }
+    // layers named per stack of an encoder-decoder model ("encoder.5", "decoder.5") go to
+    // encoder_layers/decoder_layers; plain integers keep counting both stacks together
+    read_stack_layers(merged, *m, where);
     if (m->contains("tutel") && (*m)["tutel"].is_boolean() && (*m)["tutel"].get<bool>()) {
       MoeConfig tmp = MoeConfig::from_json(JsonFields(merged, where + ".moe"));
       tmp.enable_tutel_parity();
@@ -306,6 +346,11 @@ MoeConfig read_moe(Reader& r, const std::string& method, const std::string& wher
                "method's default layers)",
                where);
     moe = MoeConfig::from_json(JsonFields(merged, where + ".moe"));
+    EMOE_CHECK(!learn_init || (moe.gate == GateKind::kLinear && moe.gate_init == "avgk"),
+               InputError,
+               "{}.moe: emoe-learn-init is the linear gate initialised to avg-k, got gate {} with "
+               "gate_init {} (for another gate use the method emoe-learn)",
+               where, to_string(moe.gate), moe.gate_init);
     std::set<int64_t> seen;
     for (auto l : moe.layers)  // converted twice would make a model info and eval refuse
       EMOE_CHECK(seen.insert(l).second, InputError, "{}.moe.layers: layer {} is listed twice",
@@ -393,8 +438,9 @@ NonFinitePolicy parse_nonfinite(const std::string& name) {
 }
 
 bool RunConfig::uses_moe() const {
-  return method == "emoe" || method == "emoe+lora" || method == "emoe-learn" || method == "gmoe" ||
-         method == "moefication" || ablation == Ablation::kTrainDenseEvalMoe;
+  return method == "emoe" || method == "emoe+lora" || method == "emoe-learn" ||
+         method == kEmoeLearnInit || method == "gmoe" || method == "moefication" ||
+         ablation == Ablation::kTrainDenseEvalMoe;
 }
 
 PeftMethod RunConfig::peft_method() const {
@@ -447,6 +493,8 @@ nlohmann::json RunConfig::to_json() const {
   // no layers given: the method's default layers (chosen at conversion, recorded in moe.json);
   // an empty list is not written, so that a saved config reads back (moe.layers: [] is refused)
   if (moe.layers.empty()) mj.erase("layers");
+  for (const char* k : {"encoder_layers", "decoder_layers"})
+    if (mj[k].empty()) mj.erase(k);
   nlohmann::json dj = nullptr;
   if (!dataset.empty()) {
     nlohmann::json ood = nlohmann::json::object();
@@ -591,9 +639,9 @@ void RunConfig::validate() const {
     EMOE_THROW(InputError, "run config: {}: {}", key, what);
   };
   if (model.empty()) bad("model", "required (a Hugging Face model folder)");
-  static const std::set<std::string> methods = {"full",   "lora",       "ia3",       "mov",
-                                                "molora", "emoe",       "emoe+lora", "emoe-learn",
-                                                "gmoe",   "moefication"};
+  static const std::set<std::string> methods = {"full",         "lora", "ia3",        "mov",
+                                                "molora",       "emoe", "emoe+lora",  "emoe-learn",
+                                                kEmoeLearnInit, "gmoe", "moefication"};
   if (!methods.count(method))
     bad("method", fmt::format("expected one of {}, got '{}'", fmt::join(methods, ", "), method));
   if (objective == ObjectiveKind::kSeq2Seq) {
@@ -637,8 +685,10 @@ void RunConfig::validate() const {
   if (objective == ObjectiveKind::kInstruction && instruct_data.empty())
     bad("instruct_data", "required for instruction tuning (an Alpaca JSON file)");
   if (ablation == Ablation::kTrainMoeEvalDense &&
-      !(method == "emoe" || method == "emoe+lora" || method == "emoe-learn"))
-    bad("ablation", "train-moe-eval-dense needs an EMoE method (emoe, emoe+lora, emoe-learn)");
+      !(method == "emoe" || method == "emoe+lora" || method == "emoe-learn" ||
+        method == kEmoeLearnInit))
+    bad("ablation",
+        "train-moe-eval-dense needs an EMoE method (emoe, emoe+lora, emoe-learn, emoe-learn-init)");
   const auto& t = train;
   // every numeric key against its range in one table (config_fields.cpp, docs/config.md): a
   // value outside it is refused before anything is written (log_every 0 divided by zero;

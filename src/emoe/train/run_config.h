@@ -77,7 +77,7 @@ struct CustomDataset {
   std::string label_col = "label";
   std::vector<std::string> labels;  // label names in id order
   bool regression = false;
-  std::vector<std::string> metrics = {"accuracy"};  // the first one picks the best epoch
+  std::vector<std::string> metrics = {"accuracy"};  // one picks the best epoch; several: their mean
   bool empty() const { return train.empty(); }
 };
 
@@ -88,7 +88,8 @@ struct RunConfig {
   CustomDataset dataset;  // when set: the task's data come from these files
   std::string data_dir = "../shared/data";
   std::vector<std::string> ood;  // out-of-domain set names, or ["all"]
-  // full | lora | ia3 | mov | molora | emoe | emoe+lora | emoe-learn | gmoe | moefication
+  // full | lora | ia3 | mov | molora | emoe | emoe+lora | emoe-learn | emoe-learn-init | gmoe |
+  // moefication
   std::string method = "full";
   MoeConfig moe = MoeConfig::for_method(MoeMethod::kEmoe);
   PeftConfig peft;

@@ -14,7 +14,8 @@ TaskSpec run_task(const RunConfig& cfg) {
   t.regression = cfg.dataset.regression;
   t.labels = cfg.dataset.labels;
   t.metrics = cfg.dataset.metrics;
-  t.main_metric = t.metrics.front();
+  // several metrics: their mean selects (compute_metrics adds it), as for GLUE's MRPC and STS-B
+  t.main_metric = t.metrics.size() > 1 ? kMeanMetric : t.metrics.front();
   return t;
 }
 
