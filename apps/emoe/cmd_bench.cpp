@@ -25,7 +25,8 @@ namespace {
 namespace fs = std::filesystem;
 
 struct BenchArgs {
-  std::string model_dir, methods = "dense,lora,ia3,emoe,gmoe,mov,molora", single, json_out;
+  std::string model_dir, single, json_out;
+  std::vector<std::string> methods = {"dense", "lora", "ia3", "emoe", "gmoe", "mov", "molora"};
   int64_t batch = 8, seq = 128, steps = 5, experts = 0, topk = 0;
   RunFlags run;
 };
@@ -145,8 +146,7 @@ void bench_one(const BenchArgs& a) {
 void run_bench(const BenchArgs& a) {
   if (!a.single.empty()) return bench_one(a);
   std::vector<std::string> methods;
-  std::stringstream ss(a.methods);
-  for (std::string m; std::getline(ss, m, ',');)
+  for (const auto& m : a.methods)
     if (!m.empty()) methods.push_back(m);
   EMOE_CHECK(!methods.empty(), UsageError, "--methods: expected a list like dense,lora,emoe");
   static const std::set<std::string> known = {"dense",
@@ -224,9 +224,9 @@ void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench",
                                  "Efficiency table: parameters, FLOPs, time and memory per method");
   cmd->add_option("MODEL_DIR", a->model_dir, "Model folder")->required();
-  cmd->add_option("--methods", a->methods,
-                  "Comma-separated: dense, lora, ia3, mov, molora, emoe, emoe-dispatched, "
-                  "emoe+lora, emoe-learn, emoe-learn-init, gmoe")
+  add_list_option(cmd, "--methods", a->methods,
+                  "Methods: dense, lora, ia3, mov, molora, emoe, emoe-dispatched, emoe+lora, "
+                  "emoe-learn, emoe-learn-init, gmoe")
       ->capture_default_str();
   cmd->add_option("--batch", a->batch, "Sequences per batch")
       ->capture_default_str()
@@ -241,7 +241,8 @@ void register_bench(CLI::App& app) {
                   "MoE experts (default: the largest divisor of d_ff <= 16; GMoE 4)");
   cmd->add_option("--topk", a->topk, "MoE k (default: N/4; GMoE 2)");
   cmd->add_option("--json", a->json_out, "Also write the rows as JSON to this file");
-  cmd->add_option("--single", a->single, "Measure one method in this process (used internally)");
+  // internal: how bench measures each method in its own process; not listed in --help
+  cmd->add_option("--single", a->single, "Measure one method in this process")->group("");
   add_run_flags(cmd, a->run);
   cmd->callback([a] { run_bench(*a); });
 }

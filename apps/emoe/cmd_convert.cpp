@@ -14,8 +14,9 @@ namespace emoe::cli {
 namespace {
 
 struct ConvertArgs {
-  std::string model_dir, out, method = "emoe", layers, split = "balanced-kmeans", gate, gate_init;
+  std::string model_dir, out, method = "emoe", split = "balanced-kmeans", gate, gate_init;
   std::string execution, balance, sample, max_shard_size;
+  std::vector<std::string> layers;
   int64_t experts = 0, topk = 0, restarts = 10, max_iter = 1000, sample_tokens = 4096;
   uint64_t seed = 0;
   bool tutel = false;
@@ -43,7 +44,8 @@ void run_convert(const ConvertArgs& a) {
     cfg.topk = a.topk;
   else if (a.experts && cfg.method != MoeMethod::kGmoe)
     cfg.topk = std::max<int64_t>(1, cfg.experts / 4);
-  cfg.layers = parse_layer_list(a.layers, s.ffn_layers(), s.num_decoder_layers);
+  cfg.layers = parse_layer_list(fmt::format("{}", fmt::join(a.layers, ",")), s.ffn_layers(),
+                                s.num_decoder_layers);
   cfg.split = a.split;
   cfg.seed = a.seed;
   cfg.kmeans.restarts = a.restarts;
@@ -101,7 +103,7 @@ void register_convert(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--topk,-k", a->topk, "Experts per token (default: N/4; GMoE 2)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--layers", a->layers,
+  add_list_option(cmd, "--layers", a->layers,
                   "Layers, e.g. 8,10 or 8-11 or all (default: every other of the last four)");
   cmd->add_option("--split", a->split, "balanced-kmeans, random, contiguous or coactivation")
       ->capture_default_str();

@@ -36,9 +36,7 @@ void register_demo(CLI::App& app) {
                                  "and EMoE, compare in and out of domain");
   cmd->add_option("-o,--output", a->o.output, "Output folder (table, report, figures, runs)")
       ->capture_default_str();
-  cmd->add_option("--methods", a->o.methods,
-                  "Comma-separated methods to compare (default full,lora,emoe)")
-      ->delimiter(',');
+  add_list_option(cmd, "--methods", a->o.methods, "Methods to compare (default full,lora,emoe)");
   cmd->add_option("--seed", a->o.seed, "Seed of the data, pretraining and fine-tuning")
       ->capture_default_str()
       ->check(non_negative_integer());

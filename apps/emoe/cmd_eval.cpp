@@ -141,7 +141,7 @@ void register_eval(CLI::App& app) {
                   "and out-of-domain sets, max_eval_examples and max_length")
       ->excludes(task);
   cmd->add_option("--split", a->split, "Split of the task")->capture_default_str();
-  cmd->add_option("--ood", a->ood, "Out-of-domain sets (or 'all')");
+  add_list_option(cmd, "--ood", a->ood, "Out-of-domain sets, or all");
   cmd->add_option("--data-dir", a->data_dir, "Folder with glue/ and ood/")->capture_default_str();
   cmd->add_option("--max-examples", a->max_examples, "Evaluate at most N examples per set")
       ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));

@@ -1,5 +1,5 @@
-// `emoe pretrain --config pretrain.yaml [--set key=value ...]`: a fresh small model trained on a
-// text file, saved as a Hugging Face folder with its tokenizer.
+// `emoe pretrain --config pretrain.yaml [--set key=value ...]`: a fresh small model (BERT, RoBERTa,
+// GPT-2, the Llama family or T5) trained on a text file, saved as a Hugging Face folder.
 #include <iostream>
 
 #include "commands.h"
@@ -37,7 +37,9 @@ void run_pretrain_cmd(const PretrainArgs& a) {
 void register_pretrain(CLI::App& app) {
   auto a = std::make_shared<PretrainArgs>();
   auto* cmd = app.add_subcommand(
-      "pretrain", "Pretrain a fresh BERT (masked LM), GPT-2 or Llama (causal LM) on a text file");
+      "pretrain",
+      "Pretrain a fresh BERT or RoBERTa (masked LM), GPT-2 or Llama-family model (causal LM) or "
+      "T5 (span corruption) on a text file");
   cmd->add_option("--config,-c", a->config,
                   "YAML pretraining config (see configs/pretrain-*.yaml)");
   cmd->add_option("--set", a->sets, "Override a config key, e.g. --set steps=2000 (repeatable)");

@@ -105,7 +105,7 @@ void register_prune(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "prune", "Keep the M most-used experts per layer and evaluate (M = N ... 1)");
   cmd->add_option("RUN_DIR", a->run_dir, "A training run folder of an MoE method")->required();
-  cmd->add_option("--keep", a->keep, "Experts to keep (default: N, N/2, ..., 1)");
+  add_list_option(cmd, "--keep", a->keep, "Experts to keep (default: N, N/2, ..., 1)");
   cmd->add_option("--max-examples", a->max_examples, "Evaluate at most N examples per set");
   add_run_flags(cmd, a->run);
   cmd->callback([a] { run_prune(*a); });

@@ -24,9 +24,17 @@ namespace fs = std::filesystem;
 struct SweepArgs {
   std::string config, output;
   std::vector<std::string> grid, sets, method_sets;
-  std::string seeds = "0", methods;
+  std::vector<std::string> seeds = {"0"}, methods;
   RunConfigFlags run_flags;
 };
+
+// A list flag's values without empty entries (`--seeds 0,,1`).
+std::vector<std::string> non_empty(const std::vector<std::string>& values) {
+  std::vector<std::string> out;
+  for (const auto& v : values)
+    if (!v.empty()) out.push_back(v);
+  return out;
+}
 
 std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> out;
@@ -92,7 +100,8 @@ void write_sweep_report(const SweepArgs& a, const RunConfig& base, const std::st
       "{} on {} ({}), mean ± population std (divided by n, as the papers) over seeds {} at each "
       "run's best epoch: {}\n\n{}{}\n",
       base.model, classification ? base.task : "instructions",
-      a.methods.empty() ? base.method : a.methods, a.seeds, metric, header, fmt::join(table, "\n"));
+      a.methods.empty() ? base.method : fmt::format("{}", fmt::join(a.methods, ",")),
+      fmt::join(a.seeds, ","), metric, header, fmt::join(table, "\n"));
   std::cout << md;
   fs::create_directories(root);
   write_text_atomic((fs::path(root) / "sweep.md").string(), md);
@@ -178,12 +187,12 @@ void run_sweep(const SweepArgs& a) {
   EMOE_CHECK(!fs::exists(root) || fs::is_directory(root), UsageError,
              "{} {}: exists and is not a folder", a.output.empty() ? "output" : "-o", root);
   std::vector<std::string> methods =
-      a.methods.empty() ? std::vector<std::string>{base.method} : split_commas(a.methods);
+      a.methods.empty() ? std::vector<std::string>{base.method} : non_empty(a.methods);
   EMOE_CHECK(!methods.empty(), UsageError, "--methods: expected a list like full,lora,emoe");
-  check_no_repeats(methods, "--methods " + a.methods, "method");
-  std::vector<std::string> seeds = split_commas(a.seeds);
+  check_no_repeats(methods, fmt::format("--methods {}", fmt::join(a.methods, ",")), "method");
+  std::vector<std::string> seeds = non_empty(a.seeds);
   EMOE_CHECK(!seeds.empty(), UsageError, "--seeds: expected a list like 0,1,2");
-  check_no_repeats(seeds, "--seeds " + a.seeds, "seed");
+  check_no_repeats(seeds, fmt::format("--seeds {}", fmt::join(a.seeds, ",")), "seed");
   const std::vector<std::vector<std::string>> points = grid_points(a.grid);
   const std::vector<SweepRun> runs = plan_sweep(a, root, methods, seeds, points);
   spdlog::info("sweep: {} runs ({} methods x {} grid points x {} seeds), every config checked",
@@ -255,8 +264,9 @@ void register_sweep(CLI::App& app) {
       app.add_subcommand("sweep", "Grid x seeds x methods, best epoch per run, mean ± std table");
   cmd->add_option("--config,-c", a->config, "YAML run config")->required();
   cmd->add_option("--grid", a->grid, "key=v1,v2 (repeatable; lr is train.lr)");
-  cmd->add_option("--seeds", a->seeds, "Seeds, e.g. 0,1,2")->capture_default_str();
-  cmd->add_option("--methods", a->methods, "Methods, e.g. full,lora,emoe (default: the config's)");
+  add_list_option(cmd, "--seeds", a->seeds, "Seeds, e.g. 0,1,2")->capture_default_str();
+  add_list_option(cmd, "--methods", a->methods,
+                  "Methods, e.g. full,lora,emoe (default: the config's)");
   cmd->add_option("--set", a->sets, "Override a config key for every run (repeatable)");
   cmd->add_option("--method-set", a->method_sets,
                   "Override a key for one method, e.g. lora:train.lr=1e-3 (repeatable)");

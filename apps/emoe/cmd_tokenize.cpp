@@ -1,22 +1,56 @@
-// `emoe tokenize DIR`: text lines on stdin -> JSON id arrays on stdout (or back with --decode).
+// `emoe tokenize DIR`: text lines on stdin -> JSON id arrays on stdout (or back with --decode), or
+// a padded batch in a safetensors file that `emoe forward -i` reads (-o).
+#include <torch/torch.h>
+
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "emoe/core/error.h"
+#include "emoe/io/safetensors.h"
 #include "emoe/tokenizer/tokenizer.h"
 
 namespace emoe::cli {
 namespace {
 
 struct TokenizeArgs {
-  std::string dir;
+  std::string dir, output;
   bool pair = false, no_special = false, decode = false, skip_special = false;
   int64_t max_length = 0;
 };
 
+// The encodings as one right-padded batch for `emoe forward -i`: input_ids, attention_mask (and
+// token_type_ids for pairs), padded with the tokenizer's pad id (else its eos, else 0).
+void write_batch(const TokenizeArgs& a, const Tokenizer& tok, const std::vector<Encoding>& rows) {
+  EMOE_CHECK(!rows.empty(), InputError, "-o {}: no text on stdin", a.output);
+  size_t width = 0;
+  for (const auto& e : rows) width = std::max(width, e.ids.size());
+  EMOE_CHECK(width > 0, InputError, "-o {}: every line tokenized to no ids", a.output);
+  const int64_t b = static_cast<int64_t>(rows.size()), t = static_cast<int64_t>(width);
+  const int64_t pad = tok.special().pad.value_or(tok.special().eos.value_or(0));
+  auto ids = torch::full({b, t}, pad, torch::kLong), mask = torch::zeros({b, t}, torch::kLong);
+  auto types = torch::zeros({b, t}, torch::kLong);
+  for (int64_t i = 0; i < b; ++i) {
+    const auto& e = rows[static_cast<size_t>(i)];
+    for (size_t j = 0; j < e.ids.size(); ++j) {
+      ids[i][static_cast<int64_t>(j)] = e.ids[j];
+      mask[i][static_cast<int64_t>(j)] = 1;
+      if (j < e.token_type_ids.size()) types[i][static_cast<int64_t>(j)] = e.token_type_ids[j];
+    }
+  }
+  std::vector<std::pair<std::string, at::Tensor>> tensors = {{"input_ids", ids},
+                                                             {"attention_mask", mask}};
+  if (a.pair) tensors.emplace_back("token_type_ids", types);
+  save_safetensors(a.output, tensors);
+  std::cout << fmt::format("{}: input_ids [{}, {}]{}\n", a.output, b, t,
+                           a.pair ? ", attention_mask, token_type_ids" : ", attention_mask");
+}
+
 void run_tokenize(const TokenizeArgs& a) {
+  EMOE_CHECK(a.output.empty() || !a.decode, UsageError,
+             "-o {}: writes token ids; --decode prints text (give one of them)", a.output);
   auto tok = load_tokenizer(a.dir);
+  std::vector<Encoding> rows;
   std::string line;
   int64_t lineno = 0;
   while (std::getline(std::cin, line)) {
@@ -53,8 +87,12 @@ void run_tokenize(const TokenizeArgs& a) {
     } else {
       e = tok->encode(line, !a.no_special, a.max_length);
     }
-    std::cout << nlohmann::json(e.ids).dump() << "\n";
+    if (a.output.empty())
+      std::cout << nlohmann::json(e.ids).dump() << "\n";
+    else
+      rows.push_back(std::move(e));
   }
+  if (!a.output.empty()) write_batch(a, *tok, rows);
 }
 
 }  // namespace
@@ -70,6 +108,9 @@ void register_tokenize(CLI::App& app) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   cmd->add_flag("--decode", a->decode, "Read JSON id arrays, print decoded text as JSON strings");
   cmd->add_flag("--skip-special", a->skip_special, "With --decode: drop special tokens");
+  cmd->add_option("-o,--output", a->output,
+                  "Write the lines as one padded batch (input_ids, attention_mask; token_type_ids "
+                  "with --pair) to this safetensors file, the input of emoe forward -i");
   cmd->callback([a] { run_tokenize(*a); });
 }
 

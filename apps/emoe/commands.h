@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 namespace emoe::cli {
 
@@ -34,6 +35,13 @@ RunSettings apply_run_flags(const RunFlags& flags);
 // The floating dtype a model folder stores its weights in (its first floating tensor's; float32
 // when it has none): convert and export write their output in it, so bfloat16 stays bfloat16.
 c10::ScalarType stored_float_dtype(const std::string& model_dir);
+// A multi-valued flag: every one takes commas and repeated values alike (`--ood imdb,yelp`,
+// `--ood imdb yelp` and `--ood imdb --ood yelp` give the same list), and says so in --help.
+template <typename T>
+CLI::Option* add_list_option(CLI::App* cmd, const std::string& name, std::vector<T>& values,
+                             const std::string& help) {
+  return cmd->add_option(name, values, help + " (a list: a,b or a b)")->delimiter(',');
+}
 // For unsigned options such as --seed: CLI11 would wrap -1 around to 2^64 - 1.
 CLI::Validator non_negative_integer();
 

@@ -14,7 +14,7 @@ void add_run_flags(CLI::App* cmd, RunFlags& flags) {
   cmd->add_option("--threads", flags.threads, "Intra-op threads (default: one per core)")
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--device", flags.device, "cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--dtype", flags.dtype, "Compute dtype: float32 or bfloat16")
+  cmd->add_option("--dtype", flags.dtype, "Compute dtype: float32, bfloat16 or float16 (GPU)")
       ->capture_default_str();
 }
 

@@ -209,6 +209,26 @@ TEST(Usage, RecorderCountsRealTokensAndRoundTrips) {
   EXPECT_THROW(emoe::most_used_experts(usage, 9), emoe::UsageError);
 }
 
+// The training heatmap's step axis: round, evenly spaced ticks whatever the snapshots' steps
+// (interval snapshots plus epoch ends used to label unequal columns 20, 40, 42, 62, ...).
+TEST(Plots, StepAxisTicksAreRoundAndEvenlySpaced) {
+  for (double hi : {125.0, 42.0, 7.0, 1000.0, 3.0, 1.0}) {
+    const auto t = emoe::axis_ticks(hi);
+    ASSERT_GE(t.size(), 2u) << hi;
+    EXPECT_EQ(t[0], 0.0);
+    EXPECT_LE(t.back(), hi);
+    for (size_t i = 2; i < t.size(); ++i) EXPECT_DOUBLE_EQ(t[i] - t[i - 1], t[1] - t[0]) << hi;
+  }
+  EXPECT_EQ(emoe::axis_ticks(125), (std::vector<double>{0, 50, 100}));
+  emoe::test::TempDir tmp;
+  emoe::HeatmapSpec h;
+  h.values = {{0.5, 0.25, 1}, {0.5, 0.75, 0}};
+  h.column_labels = {"20", "40", "42"};
+  h.column_ends = {20, 40, 42};
+  emoe::write_heatmap_png(tmp.file("steps.png"), h);
+  EXPECT_TRUE(std::filesystem::exists(tmp.file("steps.png")));
+}
+
 TEST(Plots, HeatmapAndBarChartArePngFiles) {
   emoe::test::TempDir tmp;
   emoe::HeatmapSpec h;

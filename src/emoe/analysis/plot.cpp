@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 
 #include "emoe/core/error.h"
 
@@ -60,6 +61,11 @@ void plot_nice_axis(double hi, double& top, double& step) {
   top = std::ceil(hi / step) * step;
 }
 
+// x position of the value v on a numeric column axis ending at hi.
+double plot_axis_x(double x, double w, double v, double hi) {
+  return x + w * v / hi;
+}
+
 void plot_save(cairo_surface_t* surface, const std::string& path) {
   auto tmp = path + ".tmp.png";
   auto st = cairo_surface_write_to_png(surface, tmp.c_str());
@@ -89,23 +95,43 @@ void plot_range(const std::vector<HeatmapSpec>& specs, double& lo, double& hi) {
 void plot_panel(cairo_t* cr, const HeatmapSpec& s, double x, double y, double w, double h,
                 double lo, double hi) {
   const size_t rows = s.values.size(), cols = rows ? s.values[0].size() : 0;
+  const bool numeric = cols > 0 && s.column_ends.size() == cols && s.column_ends[0] > 0 &&
+                       std::adjacent_find(s.column_ends.begin(), s.column_ends.end(),
+                                          std::greater_equal<double>()) == s.column_ends.end();
   if (rows && cols) {
     const double cw = w / static_cast<double>(cols), ch = h / static_cast<double>(rows);
+    const double end = numeric ? s.column_ends.back() : 0;
     for (size_t r = 0; r < rows; ++r)
       for (size_t c = 0; c < cols; ++c) {
         double R, G, B;
         plot_viridis((s.values[r][c] - lo) / (hi - lo), R, G, B);
         cairo_set_source_rgb(cr, R, G, B);
-        cairo_rectangle(cr, x + c * cw, y + r * ch, cw + 0.5, ch + 0.5);
+        double x0 = x + c * cw, x1 = x0 + cw;
+        if (numeric) {
+          x0 = plot_axis_x(x, w, c ? s.column_ends[c - 1] : 0.0, end);
+          x1 = plot_axis_x(x, w, s.column_ends[c], end);
+        }
+        cairo_rectangle(cr, x0, y + r * ch, x1 - x0 + 0.5, ch + 0.5);
         cairo_fill(cr);
       }
     auto ticks = [](size_t n) { return std::max<size_t>(1, (n + 15) / 16); };
     for (size_t r = 0; r < rows && r < s.row_labels.size(); r += ticks(rows))
       plot_text(cr, x - 6, y + (r + 0.5) * ch, s.row_labels[r], 11, 1.0);
+    if (numeric) {
+      cairo_set_source_rgb(cr, 0.3, 0.3, 0.3);
+      cairo_set_line_width(cr, 1);
+      for (double t : axis_ticks(end)) {
+        const double tx = plot_axis_x(x, w, t, end);
+        cairo_move_to(cr, tx, y + h);
+        cairo_line_to(cr, tx, y + h + 4);
+        cairo_stroke(cr);
+        plot_text(cr, tx, y + h + 12, fmt::format("{:g}", t), 11, 0.5);
+      }
+    }
     size_t longest = 0;
     for (const auto& l : s.column_labels) longest = std::max(longest, l.size());
     const bool vertical = longest * 7.0 > cw;  // labels wider than their cells stand upright
-    for (size_t c = 0; c < cols && c < s.column_labels.size(); c += ticks(cols)) {
+    for (size_t c = 0; !numeric && c < cols && c < s.column_labels.size(); c += ticks(cols)) {
       if (vertical)
         plot_text(cr, x + (c + 0.5) * cw, y + h + 6, s.column_labels[c], 10, 1.0, false, true);
       else
@@ -118,7 +144,8 @@ void plot_panel(cairo_t* cr, const HeatmapSpec& s, double x, double y, double w,
   cairo_stroke(cr);
   plot_text(cr, x + w / 2, y - 14, s.title, 13, 0.5, true);
   size_t longest_label = 0;
-  for (const auto& l : s.column_labels) longest_label = std::max(longest_label, l.size());
+  for (const auto& l : s.column_labels)
+    if (!numeric) longest_label = std::max(longest_label, l.size());
   const bool upright = cols > 0 && longest_label * 7.0 > w / static_cast<double>(cols);
   plot_text(cr, x + w / 2, y + h + (upright ? 20 + 6.5 * longest_label : 32), s.x_label, 12, 0.5);
   plot_text(cr, x - 44, y + h / 2, s.y_label, 12, 0.5, false, true);
@@ -146,6 +173,17 @@ void plot_colorbar(cairo_t* cr, double x, double y, double h, double lo, double 
 
 }  // namespace
 
+std::vector<double> axis_ticks(double hi) {
+  if (!(hi > 0) || !std::isfinite(hi)) return {0.0};
+  double top, step;
+  plot_nice_axis(hi, top, step);
+  std::vector<double> out;
+  // an index times the step, not a running sum: no drift, so the ticks stay evenly spaced
+  for (int64_t i = 0; static_cast<double>(i) * step <= hi * (1 + 1e-12); ++i)
+    out.push_back(static_cast<double>(i) * step);
+  return out;
+}
+
 void write_heatmap_panels_png(const std::string& path, const std::string& title,
                               const std::vector<HeatmapSpec>& panels) {
   EMOE_CHECK(!panels.empty(), InputError, "{}: nothing to draw", path);
@@ -156,7 +194,8 @@ void write_heatmap_panels_png(const std::string& path, const std::string& title,
   const int width = static_cast<int>(left + panels.size() * pw + (panels.size() - 1) * gap + 130);
   size_t longest = 0;
   for (const auto& p : panels)
-    for (const auto& l : p.column_labels) longest = std::max(longest, l.size());
+    for (const auto& l : p.column_labels)
+      if (p.column_ends.empty()) longest = std::max(longest, l.size());
   const int height = static_cast<int>(top + ph + 70 + 6.5 * longest);
   auto* surface = cairo_image_surface_create(CAIRO_FORMAT_RGB24, width, height);
   auto* cr = cairo_create(surface);

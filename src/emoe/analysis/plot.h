@@ -10,7 +10,14 @@ struct HeatmapSpec {
   std::vector<std::vector<double>> values;             // [row][column]; rows drawn top to bottom
   std::vector<std::string> row_labels, column_labels;  // may be shorter: every k-th is shown
   double vmin = 0, vmax = -1;                          // vmax < vmin: from the data
+  // Optional numeric x axis (e.g. training steps): column c spans (column_ends[c-1],
+  // column_ends[c]] from 0, drawn to scale, with evenly spaced round ticks (axis_ticks) instead of
+  // column_labels. One per column, increasing.
+  std::vector<double> column_ends;
 };
+
+// Round tick values 0, s, 2s, ... <= hi, with s = 1, 2 or 5 x 10^k (about 4 intervals).
+std::vector<double> axis_ticks(double hi);
 
 struct BarSeries {
   std::string name;

@@ -80,7 +80,8 @@ AnalysisOutput analyze_run(const std::string& run_dir, const std::string& out_di
                           sources[i].kind == "selections" ? "selection" : "router-mass");
     h.x_label = "training step";
     h.y_label = "expert";
-    h.value_label = "share of the step window";
+    // each column: the steps since the previous one, drawn to scale on a step axis
+    h.value_label = "share of the expert selections in those steps";
     for (int64_t e = 0; e < sources[i].experts; ++e) {
       h.values.emplace_back();
       h.row_labels.push_back(std::to_string(e));
@@ -90,6 +91,7 @@ AnalysisOutput analyze_run(const std::string& run_dir, const std::string& out_di
       auto share = report_share(snap.counts[i]);
       for (int64_t e = 0; e < sources[i].experts; ++e) h.values[e].push_back(share[e]);
       h.column_labels.push_back(std::to_string(snap.step));
+      h.column_ends.push_back(static_cast<double>(snap.step));
     }
     if (h.column_labels.empty()) continue;
     auto path = (fs::path(out_dir) / ("usage_" + report_slug(sources[i].name) + ".png")).string();

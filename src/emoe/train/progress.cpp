@@ -27,25 +27,30 @@ Progress::Progress(int64_t total, std::string label, int64_t log_every)
       start_(std::chrono::steady_clock::now()) {}
 
 void Progress::update(int64_t done, const std::string& stats) {
+  // The rate is measured from the first update on: the first step's own time is unknown (set-up,
+  // a resume), and a rate over the microseconds since it would read millions of it/s.
   if (start_done_ < 0) {
-    start_done_ = done - 1;
+    start_done_ = done;
     start_ = std::chrono::steady_clock::now();
   }
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  double rate = secs > 0 ? static_cast<double>(done - start_done_) / secs : 0;
-  double eta = rate > 0 ? static_cast<double>(total_ - done) / rate : 0;
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const bool measured = done > start_done_ && secs > 0;
+  const double rate = measured ? static_cast<double>(done - start_done_) / secs : 0;
+  const std::string rate_text = measured ? fmt::format("{:.2f}", rate) : "-";
+  const std::string eta =
+      measured ? format_duration(static_cast<double>(total_ - done) / rate) : "-";
   if (tty_) {
     const int width = 24;
     int filled = static_cast<int>(width * std::min<int64_t>(done, total_) / total_);
     std::string bar(filled, '#');
     bar.resize(width, '.');
-    std::fprintf(stderr, "\r%s [%s] %lld/%lld %s %.2f it/s ETA %s   ", label_.c_str(), bar.c_str(),
-                 static_cast<long long>(done), static_cast<long long>(total_), stats.c_str(), rate,
-                 format_duration(eta).c_str());
+    std::fprintf(stderr, "\r%s [%s] %lld/%lld %s %s it/s ETA %s   ", label_.c_str(), bar.c_str(),
+                 static_cast<long long>(done), static_cast<long long>(total_), stats.c_str(),
+                 rate_text.c_str(), eta.c_str());
     std::fflush(stderr);
   } else if (done == total_ || done - last_logged_ >= log_every_) {
-    spdlog::info("{} {}/{} {} {:.2f} it/s ETA {}", label_, done, total_, stats, rate,
-                 format_duration(eta));
+    spdlog::info("{} {}/{} {} {} it/s ETA {}", label_, done, total_, stats, rate_text, eta);
     last_logged_ = done;
   }
 }

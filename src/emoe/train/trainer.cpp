@@ -134,10 +134,14 @@ TrainLoop::TrainLoop(TrainContext& c, bool resume)
   if (!c_.moe.empty() && c_.main_rank())
     write_text_atomic((fs::path(c_.dir) / "moe.json").string(),
                       moe_state_to_json(c_.moe).dump(1) + "\n");
-  spdlog::info(
-      "{} epochs x {} steps ({} examples, batch {} x {} accumulation), warm-up {}, {} schedule",
-      plan_.epochs, plan_.steps_per_epoch, plan_.n, o_.batch_size, o_.grad_accum, plan_.warmup,
-      to_string(o_.schedule));
+  // The steps that will run: with train.max_steps that is not epochs x steps per epoch.
+  const std::string steps =
+      o_.max_steps > 0 ? fmt::format("{} steps (train.max_steps; an epoch is {} steps)",
+                                     plan_.total_steps, plan_.steps_per_epoch)
+                       : fmt::format("{} {} x {} steps", plan_.epochs,
+                                     plan_.epochs == 1 ? "epoch" : "epochs", plan_.steps_per_epoch);
+  spdlog::info("{} ({} examples, batch {} x {} accumulation), warm-up {}, {} schedule", steps,
+               plan_.n, o_.batch_size, o_.grad_accum, plan_.warmup, to_string(o_.schedule));
   done_ = st_.step >= plan_.total_steps;
   window_start_ = std::chrono::steady_clock::now();
 }
