@@ -11,7 +11,7 @@ namespace emoe::cli {
 namespace {
 
 struct TrainArgs {
-  std::string config, output, precision;
+  std::string config, output, precision, sharding;
   std::vector<std::string> sets;
   bool resume = false;
   bool fields = false;
@@ -45,6 +45,7 @@ void run_train(const TrainArgs& a) {
   auto sets = a.sets;
   if (!a.output.empty()) sets.push_back("output=" + a.output);
   if (!a.precision.empty()) sets.push_back("train.precision=" + a.precision);
+  if (!a.sharding.empty()) sets.push_back("train.sharding=" + a.sharding);
   a.run_flags.append_sets(sets);
   RunConfig cfg = load_run_config(a.config, sets);
   const bool worker = std::getenv("WORLD_SIZE") != nullptr || a.world_size > 0;
@@ -99,6 +100,10 @@ void register_train(CLI::App& app) {
       ->check(CLI::IsMember({"fp32", "bf16-mixed"}));
   cmd->add_option("--nproc", a->nproc, "Data parallel: start N worker processes on this machine")
       ->check(CLI::Range(1, 1024));
+  cmd->add_option("--sharding", a->sharding,
+                  "Data parallel: none, optimizer (ZeRO 1) or gradients (ZeRO 2) (same as --set "
+                  "train.sharding=...)")
+      ->check(CLI::IsMember({"none", "optimizer", "gradients"}));
   cmd->add_option("--rank", a->rank, "This process's rank in a multi-machine job (or $RANK)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--world-size", a->world_size, "Processes in the whole job (or $WORLD_SIZE)")

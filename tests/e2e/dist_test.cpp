@@ -182,3 +182,96 @@ TEST(Distributed, DeadOrHungWorkerStopsTheJobAndResumeFinishes) {
     EXPECT_EQ(emoe::test::train_losses(run).size(), 40u);
   }
 }
+
+namespace {
+
+// The largest difference between two runs' final weights, and between their logged losses.
+std::pair<double, double> run_difference(const std::string& a, const std::string& b) {
+  auto la = emoe::test::train_losses(a), lb = emoe::test::train_losses(b);
+  EXPECT_EQ(la.size(), lb.size());
+  double loss = 0;
+  for (size_t i = 0; i < std::min(la.size(), lb.size()); ++i)
+    loss = std::max(loss, std::abs(la[i] - lb[i]));
+  auto wa = latest_weights(a), wb = latest_weights(b);
+  EXPECT_EQ(wa.size(), wb.size());
+  double weight = 0;
+  for (auto& [k, t] : wa) weight = std::max(weight, emoe::test::max_abs_diff(t, wb.at(k)));
+  return {loss, weight};
+}
+
+nlohmann::json run_memory(const std::string& run) {
+  return nlohmann::json::parse(std::ifstream(run + "/results.json")).at("memory");
+}
+
+}  // namespace
+
+// ZeRO stages 1 and 2 on 2 ranks reach the weights of one unsharded process, while each rank
+// keeps only its share of the AdamW state.
+TEST(Distributed, ShardedLevelsMatchOneProcess) {
+  EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
+  EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
+  emoe::test::TempDir tmp;
+  const auto model = deterministic_bert(bert, tmp.file("bert"));
+  // (method, extra): EMoE, and full fine-tuning accumulating 2 micro-batches per step
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"emoe", ""}, {"full", " --set train.batch_size=4 --set train.grad_accum=2"}};
+  for (const auto& [method, extra] : cases) {
+    const auto one = tmp.file(method + "-one");
+    auto r1 = emoe::test::run_emoe(train_args(model, method, one, 20, "--set threads=1" + extra));
+    ASSERT_EQ(r1.exit_code, 0) << r1.err;
+    const double whole = run_memory(one)["optimizer_state_mib_per_rank"][0].get<double>();
+    for (const std::string level : {"optimizer", "gradients"}) {
+      SCOPED_TRACE(method + extra + " sharding " + level);
+      const auto two = tmp.file(method + "-" + level);
+      auto r2 = emoe::test::run_emoe(train_args(
+          model, method, two, 20, "--set threads=1 --nproc 2 --sharding " + level + extra));
+      ASSERT_EQ(r2.exit_code, 0) << r2.err;
+      EXPECT_NE(r2.err.find("sharding " + level + " (ZeRO stage"), std::string::npos) << r2.err;
+      const auto [loss, weight] = run_difference(one, two);
+      EXPECT_LT(loss, 1e-5);
+      EXPECT_LT(weight, 1e-5);
+      const auto mem = run_memory(two);
+      EXPECT_EQ(mem["sharding"], level);
+      ASSERT_EQ(mem["optimizer_state_mib_per_rank"].size(), 2u);
+      double sum = 0;
+      for (const auto& s : mem["optimizer_state_mib_per_rank"]) {
+        EXPECT_LT(s.get<double>(), 0.8 * whole) << mem.dump();
+        sum += s.get<double>();
+      }
+      EXPECT_NEAR(sum, whole, 0.01 * whole) << mem.dump();
+      std::cout << fmt::format(
+          "[ sharded  ] {}{} {}: 20 steps, max |loss diff| {:.2e}, max |weight diff| {:.2e}, "
+          "AdamW state per rank {} MiB of {:.1f}\n",
+          method, extra, level, loss, weight, mem["optimizer_state_mib_per_rank"].dump(), whole);
+    }
+  }
+}
+
+// A checkpoint holds the whole optimiser state (gathered on rank 0): a 2-rank sharded run
+// resumes in one process, and a one-process run resumes on 2 sharded ranks, each finishing with
+// the weights of the uninterrupted run.
+TEST(Distributed, ShardedCheckpointsResumeAtAnotherWorldSize) {
+  EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
+  EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
+  emoe::test::TempDir tmp;
+  const auto model = deterministic_bert(bert, tmp.file("bert"));
+  const auto whole = tmp.file("whole");
+  auto r = emoe::test::run_emoe(train_args(model, "emoe", whole, 20, "--set threads=1"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // (first half, second half)
+  const std::vector<std::pair<std::string, std::string>> halves = {
+      {"--nproc 2 --sharding gradients", ""}, {"", "--nproc 2 --sharding optimizer"}};
+  for (const auto& [first, second] : halves) {
+    SCOPED_TRACE("'" + first + "' then '" + second + "'");
+    const auto run = tmp.file("resumed" + std::to_string(first.size()));
+    auto a = emoe::test::run_emoe(train_args(
+        model, "emoe", run, 20, "--set threads=1 --set train.stop_after_steps=10 " + first));
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    auto b = emoe::test::run_emoe(
+        train_args(model, "emoe", run, 20, "--set threads=1 --resume " + second));
+    ASSERT_EQ(b.exit_code, 0) << b.err;
+    const auto [loss, weight] = run_difference(whole, run);
+    EXPECT_LT(loss, 1e-5);
+    EXPECT_LT(weight, 1e-5);
+  }
+}

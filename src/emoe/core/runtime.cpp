@@ -8,6 +8,7 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <thread>
@@ -37,21 +38,29 @@ namespace {
 // heap reaches a steady state after two steps either way (no page faults afterwards, the same
 // step time), but with malloc it gets there with less: BERT-base full fine-tuning's peak RSS
 // 3,701 -> 3,167 MiB in fp32 and 2,957 -> 2,670 MiB in bf16. The block is over-allocated by 64
-// bytes and aligned to 64 inside; the malloc pointer sits in the 8 bytes before the data, so the
-// data pointer alone frees it (what raw_allocate/raw_deallocate need).
+// bytes and aligned to 64 inside; the malloc pointer sits in the 8 bytes before the data and the
+// block's size in the 8 before that, so the data pointer alone frees it (what
+// raw_allocate/raw_deallocate need) and the bytes held are counted (cpu_tensor_peak_bytes).
+std::atomic<int64_t> g_tensor_bytes{0}, g_tensor_peak{0};
+
 class HeapCpuAllocator final : public c10::Allocator {
  public:
-  static constexpr size_t kAlign = 64;
+  static constexpr size_t kAlign = 64, kHeader = 2 * sizeof(void*);
   c10::DataPtr allocate(size_t n) EMOE_ALLOCATOR_ALLOCATE_CONST override {
     if (n == 0)
       return {nullptr, nullptr, &HeapCpuAllocator::release, c10::Device(c10::DeviceType::CPU)};
-    void* base = n > SIZE_MAX - kAlign ? nullptr : std::malloc(n + kAlign);
+    void* base = n > SIZE_MAX - kAlign - kHeader ? nullptr : std::malloc(n + kAlign + kHeader);
     TORCH_CHECK(base != nullptr, "CPU allocator: not enough memory: you tried to allocate ", n,
                 " bytes.");
     auto addr =
-        (reinterpret_cast<uintptr_t>(base) + sizeof(void*) + kAlign - 1) & ~(uintptr_t{kAlign} - 1);
+        (reinterpret_cast<uintptr_t>(base) + kHeader + kAlign - 1) & ~(uintptr_t{kAlign} - 1);
     void* data = reinterpret_cast<void*>(addr);
     static_cast<void**>(data)[-1] = base;
+    static_cast<size_t*>(data)[-2] = n;
+    const int64_t now = g_tensor_bytes.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
+    int64_t peak = g_tensor_peak.load(std::memory_order_relaxed);
+    while (now > peak && !g_tensor_peak.compare_exchange_weak(peak, now)) {
+    }
     return {data, data, &HeapCpuAllocator::release, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &HeapCpuAllocator::release; }
@@ -63,11 +72,21 @@ class HeapCpuAllocator final : public c10::Allocator {
 
  private:
   static void release(void* data) {
-    if (data != nullptr) std::free(static_cast<void**>(data)[-1]);
+    if (data == nullptr) return;
+    g_tensor_bytes.fetch_sub(static_cast<int64_t>(static_cast<size_t*>(data)[-2]));
+    std::free(static_cast<void**>(data)[-1]);
   }
 };
 
 }  // namespace
+
+int64_t cpu_tensor_peak_bytes() {
+  return g_tensor_peak.load();
+}
+
+void reset_cpu_tensor_peak() {
+  g_tensor_peak.store(g_tensor_bytes.load());
+}
 
 void tune_allocator() {
   // Training allocates and frees the same large activation buffers every step. glibc returns

@@ -3,6 +3,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <cstdint>
 #include <string>
 
 namespace emoe {
@@ -18,6 +19,10 @@ void ensure_runtime_environment(int argc, char** argv);
 // Keeps freed large blocks in the heap for reuse (no page faults on every training step): CPU
 // tensors come from malloc, which is never trimmed. Called by configure_threads.
 void tune_allocator();
+// The most bytes CPU tensors held at once since the start (or reset_cpu_tensor_peak()), as
+// counted by the allocator tune_allocator installs (0 before it is installed).
+int64_t cpu_tensor_peak_bytes();
+void reset_cpu_tensor_peak();
 
 // Sets ATen's intra-op threads; n <= 0 means one per hardware core. Returns the count in use.
 int configure_threads(int n);

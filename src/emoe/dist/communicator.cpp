@@ -43,19 +43,20 @@ std::string collective_failure(const DistOptions& o, const std::string& what,
 
 class GlooPending : public PendingCollective {
  public:
-  GlooPending(c10::intrusive_ptr<c10d::Work> work, const DistOptions& o)
-      : work_(std::move(work)), o_(o) {}
+  GlooPending(c10::intrusive_ptr<c10d::Work> work, const DistOptions& o, const char* what)
+      : work_(std::move(work)), o_(o), what_(what) {}
   void wait() override {
     try {
       work_->wait();
     } catch (const std::exception& e) {
-      throw RuntimeError(collective_failure(o_, "all-reduce", e));
+      throw RuntimeError(collective_failure(o_, what_, e));
     }
   }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
   DistOptions o_;
+  const char* what_;
 };
 #else
 [[noreturn]] void no_process_group() {
@@ -123,9 +124,20 @@ Communicator::~Communicator() = default;
 std::unique_ptr<PendingCollective> Communicator::all_reduce_sum_async(at::Tensor& t) {
   std::vector<at::Tensor> ts = {t};
   try {
-    return std::make_unique<GlooPending>(impl_->group->allreduce(ts), options_);
+    return std::make_unique<GlooPending>(impl_->group->allreduce(ts), options_, "all-reduce");
   } catch (const std::exception& e) {
     throw RuntimeError(collective_failure(options_, "all-reduce", e));
+  }
+}
+
+std::unique_ptr<PendingCollective> Communicator::reduce_sum_async(at::Tensor& t, int root) {
+  std::vector<at::Tensor> ts = {t};
+  c10d::ReduceOptions ro;
+  ro.rootRank = root;
+  try {
+    return std::make_unique<GlooPending>(impl_->group->reduce(ts, ro), options_, "reduce");
+  } catch (const std::exception& e) {
+    throw RuntimeError(collective_failure(options_, "reduce", e));
   }
 }
 
@@ -201,6 +213,9 @@ std::unique_ptr<PendingCollective> Communicator::all_reduce_sum_async(at::Tensor
   no_process_group();
 }
 void Communicator::all_reduce_sum(at::Tensor&) {
+  no_process_group();
+}
+std::unique_ptr<PendingCollective> Communicator::reduce_sum_async(at::Tensor&, int) {
   no_process_group();
 }
 std::vector<double> Communicator::all_reduce_sum(const std::vector<double>&) {

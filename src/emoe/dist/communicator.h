@@ -45,6 +45,8 @@ class Communicator {
   // Sum over ranks, in place (contiguous tensors of one dtype and device).
   std::unique_ptr<PendingCollective> all_reduce_sum_async(at::Tensor& t);
   void all_reduce_sum(at::Tensor& t);
+  // Sum over ranks into rank `root`'s tensor (the others' contents are unspecified afterwards).
+  std::unique_ptr<PendingCollective> reduce_sum_async(at::Tensor& t, int root);
   std::vector<double> all_reduce_sum(const std::vector<double>& values);
   // Rank `root`'s tensors into every rank's, in place.
   void broadcast(std::vector<at::Tensor>& tensors, int root = 0);

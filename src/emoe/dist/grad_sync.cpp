@@ -13,6 +13,7 @@
 namespace emoe {
 
 struct GradientSync::Bucket {
+  int owner = 0;                // the rank that keeps the reduced gradients (sharded levels)
   std::vector<size_t> members;  // parameter indices
   std::vector<int64_t> offsets;
   int64_t numel = 0;
@@ -39,8 +40,47 @@ class ReadyHook : public torch::autograd::FunctionPostHook {
 
 }  // namespace
 
-GradientSync::GradientSync(Communicator& comm, std::vector<at::Tensor> params, int64_t bucket_bytes)
-    : comm_(comm), params_(std::move(params)) {
+ShardingLevel parse_sharding(const std::string& text, const std::string& what) {
+  if (text == "none") return ShardingLevel::kNone;
+  if (text == "optimizer") return ShardingLevel::kOptimizer;
+  if (text == "gradients") return ShardingLevel::kGradients;
+  EMOE_THROW(UsageError, "{}: expected none, optimizer or gradients, got '{}'", what, text);
+}
+
+std::string to_string(ShardingLevel level) {
+  switch (level) {
+    case ShardingLevel::kOptimizer:
+      return "optimizer";
+    case ShardingLevel::kGradients:
+      return "gradients";
+    case ShardingLevel::kNone:
+      break;
+  }
+  return "none";
+}
+
+std::vector<int> partition_by_size(const std::vector<int64_t>& numels, int world) {
+  int64_t total = 0;
+  for (int64_t n : numels) total += n;
+  std::vector<int> owner(numels.size(), 0);
+  int r = 0;
+  int64_t running = 0;
+  for (size_t i = 0; i < numels.size(); ++i) {
+    owner[i] = r;
+    running += numels[i];
+    // rank r's run ends once the running total reaches (r + 1) / world of the whole
+    while (r < world - 1 && running * world >= static_cast<int64_t>(r + 1) * total) r += 1;
+  }
+  return owner;
+}
+
+GradientSync::GradientSync(Communicator& comm, std::vector<at::Tensor> params, ShardingLevel level,
+                           int64_t bucket_bytes)
+    : comm_(comm), params_(std::move(params)), level_(level) {
+  std::vector<int64_t> numels;
+  for (const auto& p : params_) numels.push_back(p.numel());
+  owner_ =
+      sharded() ? partition_by_size(numels, comm_.size()) : std::vector<int>(params_.size(), 0);
   bucket_of_.assign(params_.size(), 0);
   ready_.assign(params_.size(), 0);
   int64_t bytes = 0;
@@ -49,10 +89,11 @@ GradientSync::GradientSync(Communicator& comm, std::vector<at::Tensor> params, i
     EMOE_CHECK(p.requires_grad(), RuntimeError,
                "GradientSync: parameter {} does not require a gradient", k);
     const int64_t nb = p.numel() * static_cast<int64_t>(p.element_size());
-    if (buckets_.empty() || bytes + nb > bucket_bytes ||
+    if (buckets_.empty() || bytes + nb > bucket_bytes || buckets_.back()->owner != owner_[k] ||
         params_[buckets_.back()->members.front()].dtype() != p.dtype() ||
         params_[buckets_.back()->members.front()].device() != p.device()) {
       buckets_.push_back(std::make_unique<Bucket>());
+      buckets_.back()->owner = owner_[k];
       bytes = 0;
     }
     auto& b = *buckets_.back();
@@ -74,6 +115,17 @@ GradientSync::~GradientSync() = default;
 
 int64_t GradientSync::buckets() const {
   return static_cast<int64_t>(buckets_.size());
+}
+
+bool GradientSync::owns(size_t k) const {
+  return !sharded() || owner_[k] == comm_.rank();
+}
+
+int64_t GradientSync::owned_numel() const {
+  int64_t n = 0;
+  for (size_t k = 0; k < params_.size(); ++k)
+    if (owns(k)) n += params_[k].numel();
+  return n;
 }
 
 void GradientSync::arm() {
@@ -107,7 +159,30 @@ void GradientSync::launch(Bucket& b) {
     b.buffer.narrow(0, b.offsets[i], g.numel()).copy_(g.reshape({-1}));
     b.buffer[b.numel + static_cast<int64_t>(i)].fill_(1.0);
   }
-  b.pending = comm_.all_reduce_sum_async(b.buffer);
+  if (!sharded()) {
+    b.pending = comm_.all_reduce_sum_async(b.buffer);
+    return;
+  }
+  // the bucket holds the gradients now; the owner gets them back from it in finish()
+  for (size_t k : b.members) params_[k].mutable_grad() = at::Tensor();
+  if (level_ == ShardingLevel::kOptimizer) {
+    b.pending = comm_.all_reduce_sum_async(b.buffer);
+    return;
+  }
+  // gradients: at most two buckets in flight, so that a non-owner holds little beyond its share
+  for (auto& other : buckets_)
+    if (other.get() != &b && other->pending) {
+      settle(*other);
+      break;
+    }
+  b.pending = comm_.reduce_sum_async(b.buffer, b.owner);
+}
+
+void GradientSync::settle(Bucket& b) {
+  if (!b.pending) return;
+  b.pending->wait();
+  b.pending.reset();
+  if (level_ == ShardingLevel::kGradients && b.owner != comm_.rank()) b.buffer = at::Tensor();
 }
 
 void GradientSync::finish() {
@@ -118,8 +193,13 @@ void GradientSync::finish() {
   const double inv = 1.0 / static_cast<double>(comm_.size());
   for (auto& bp : buckets_) {
     auto& b = *bp;
-    b.pending->wait();
-    b.pending.reset();
+    settle(b);
+    if (sharded() && b.owner != comm_.rank()) {
+      // another rank's parameters: no gradient here (optimizer: the all-reduced copy goes)
+      for (size_t k : b.members) params_[k].mutable_grad() = at::Tensor();
+      b.buffer = at::Tensor();
+      continue;
+    }
     auto flags =
         b.buffer.narrow(0, b.numel, static_cast<int64_t>(b.members.size())).to(torch::kCPU);
     for (size_t i = 0; i < b.members.size(); ++i) {
@@ -132,9 +212,45 @@ void GradientSync::finish() {
       if (p.grad().defined())
         p.mutable_grad().copy_(avg);
       else
-        p.mutable_grad() = avg.clone();
+        p.mutable_grad() = avg;
     }
     b.buffer = at::Tensor();
+  }
+}
+
+double GradientSync::global_grad_norm_sq() {
+  torch::NoGradGuard no_grad;
+  double local = 0;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const auto& g = params_[k].grad();
+    if (!owns(k) || !g.defined()) continue;
+    local += g.to(torch::kFloat64).pow(2).sum().item<double>();
+  }
+  if (!sharded()) return local;
+  return comm_.all_reduce_sum(std::vector<double>{local})[0];
+}
+
+void GradientSync::broadcast_parameters() {
+  if (!sharded()) return;
+  torch::NoGradGuard no_grad;
+  for (auto& bp : buckets_) {
+    auto& b = *bp;
+    const auto& first = params_[b.members.front()];
+    at::Tensor buf;
+    if (b.owner == comm_.rank()) {
+      std::vector<at::Tensor> flat;
+      for (size_t k : b.members) flat.push_back(params_[k].detach().reshape({-1}));
+      buf = torch::cat(flat);
+    } else {
+      buf = torch::empty({b.numel}, first.options().requires_grad(false));
+    }
+    std::vector<at::Tensor> one = {buf};
+    comm_.broadcast(one, b.owner);
+    if (b.owner == comm_.rank()) continue;
+    for (size_t i = 0; i < b.members.size(); ++i) {
+      auto& p = params_[b.members[i]];
+      p.detach().copy_(buf.narrow(0, b.offsets[i], p.numel()).view(p.sizes()));
+    }
   }
 }
 

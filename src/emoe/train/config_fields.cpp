@@ -157,6 +157,9 @@ std::vector<ConfigField> make_fields() {
       {"train.trainable", "one of: all, moe-layers, gates", kNone,
        "what trains: as the method says, only the converted layers, or only their learned gates "
        "(the task head and adapters always)"},
+      {"train.sharding", "one of: none, optimizer, gradients", kNone,
+       "data parallel: what each rank keeps only its share of (ZeRO 1: AdamW state; 2: also the "
+       "reduced gradients)"},
       // instruction tuning
       {"instruct_data", text, kNone, "Alpaca-style JSON file (objective instruction)"},
       {"instruct_dev_fraction", num, open_open(0, 1), "share held out for the dev loss"},

@@ -193,6 +193,58 @@ std::vector<std::string> Optimizer::parameter_names() const {
   return names_;
 }
 
+namespace {
+
+template <typename States>
+auto* find_adamw_state(States& states, const torch::Tensor& p) {
+  using StateKey = typename std::remove_reference_t<decltype(states)>::key_type;
+  auto it = states.find(optimizer_state_key<StateKey>(p));
+  return it == states.end() ? nullptr
+                            : static_cast<torch::optim::AdamWParamState*>(it->second.get());
+}
+
+}  // namespace
+
+Optimizer::ParamState Optimizer::state_of(size_t k) {
+  const auto params = parameters();
+  EMOE_CHECK(k < params.size(), RuntimeError, "optimizer: no parameter {}", k);
+  ParamState s;
+  if (auto* st = find_adamw_state(adamw_->state(), params[k])) {
+    s.step = st->step();
+    s.exp_avg = st->exp_avg();
+    s.exp_avg_sq = st->exp_avg_sq();
+  }
+  return s;
+}
+
+void Optimizer::set_state(size_t k, const ParamState& s) {
+  const auto params = parameters();
+  EMOE_CHECK(k < params.size(), RuntimeError, "optimizer: no parameter {}", k);
+  auto& states = adamw_->state();
+  using StateKey = typename std::remove_reference_t<decltype(states)>::key_type;
+  auto st = std::make_unique<torch::optim::AdamWParamState>();
+  st->step(s.step);
+  st->exp_avg(s.exp_avg);
+  st->exp_avg_sq(s.exp_avg_sq);
+  states[optimizer_state_key<StateKey>(params[k])] = std::move(st);
+}
+
+void Optimizer::drop_state(size_t k) {
+  const auto params = parameters();
+  EMOE_CHECK(k < params.size(), RuntimeError, "optimizer: no parameter {}", k);
+  auto& states = adamw_->state();
+  using StateKey = typename std::remove_reference_t<decltype(states)>::key_type;
+  states.erase(optimizer_state_key<StateKey>(params[k]));
+}
+
+int64_t Optimizer::state_bytes() {
+  int64_t n = 0;
+  for (const auto& p : parameters())
+    if (auto* st = find_adamw_state(adamw_->state(), p))
+      n += static_cast<int64_t>(st->exp_avg().nbytes() + st->exp_avg_sq().nbytes());
+  return n;
+}
+
 double schedule_factor(Schedule kind, int64_t step, int64_t total, int64_t warmup) {
   // Hugging Face's schedules (get_linear/cosine_schedule_with_warmup) at 0-based `step`.
   if (step < warmup)

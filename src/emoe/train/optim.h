@@ -38,6 +38,19 @@ class Optimizer {
   std::vector<torch::Tensor> parameters() const;
   std::vector<std::string> parameter_names() const;
 
+  // AdamW's state of parameter k (in parameters() order): its step count and two moments;
+  // step 0 and undefined moments when it has none yet. Sharded data parallel gathers it for a
+  // checkpoint and drops what another rank owns.
+  struct ParamState {
+    int64_t step = 0;
+    torch::Tensor exp_avg, exp_avg_sq;
+  };
+  ParamState state_of(size_t k);
+  void set_state(size_t k, const ParamState& s);
+  void drop_state(size_t k);
+  // Bytes of AdamW state held (both moments of every parameter that has state).
+  int64_t state_bytes();
+
  private:
   std::unique_ptr<torch::optim::AdamW> adamw_;
   std::vector<ParamGroupInfo> groups_;

@@ -407,6 +407,7 @@ void read_train(const nlohmann::json& j, const std::string& where, TrainOptions&
   tr.get("max_consecutive_skips", o.max_consecutive_skips);
   tr.get("max_target_length", o.max_target_length);
   tr.get("trainable", o.trainable);
+  tr.get("sharding", o.sharding);
   tr.finish();
 }
 
@@ -535,6 +536,7 @@ nlohmann::json RunConfig::to_json() const {
   // only when given: the config.json of other runs stays as it was (and --resume accepts it)
   if (!max_shard_size.empty()) out["max_shard_size"] = max_shard_size;
   if (t.trainable != "all") out["train"]["trainable"] = t.trainable;
+  if (t.sharding != "none") out["train"]["sharding"] = t.sharding;
   // only for seq2seq: the config.json of other runs stays as it was
   if (objective == ObjectiveKind::kSeq2Seq) {
     out["train"]["max_target_length"] = t.max_target_length;
@@ -719,6 +721,9 @@ void RunConfig::validate() const {
     bad("train.trainable",
         "gates: the avg-k gate has no parameters of its own (it is the mean of the keys); use a "
         "learned gate (emoe-learn, gmoe, moe.gate: linear or cosine) or moe-layers");
+  if (t.sharding != "none" && t.sharding != "optimizer" && t.sharding != "gradients")
+    bad("train.sharding",
+        fmt::format("expected none, optimizer or gradients, got '{}'", t.sharding));
   if (!prune_from.empty() && !uses_moe())
     bad("prune_from", "needs an MoE method (emoe, emoe+lora, ...)");
   if (!prune_from.empty() && prune_keep < 1) bad("prune_keep", "expected >= 1 with prune_from");

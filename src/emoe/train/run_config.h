@@ -67,6 +67,10 @@ struct TrainOptions {
   // method decides), "moe-layers" (only the converted layers, whole), "gates" (only the learned
   // gates of the converted layers); the task head and any adapters train in every case.
   std::string trainable = "all";
+  // Data parallel over several processes: what each rank keeps only its share of (ZeRO stage 1
+  // "optimizer": AdamW state; stage 2 "gradients": AdamW state and reduced gradients), or "none"
+  // (every rank holds everything). dist/grad_sync.h.
+  std::string sharding = "none";
 };
 
 // A classification data set from the user's own files (instead of a GLUE task).

@@ -185,8 +185,11 @@ void check_resume(TrainContext& c, bool resume) {
   if (resume && fs::exists(fs::path(c.dir) / "config.json")) {
     auto saved = JsonFields::from_file((fs::path(c.dir) / "config.json").string()).raw();
     auto now = c.cfg.to_json();
-    saved["train"].erase("stop_after_steps");
-    now["train"].erase("stop_after_steps");
+    // nor how the ranks share the optimiser state: a checkpoint holds it whole (gathered)
+    for (const char* key : {"stop_after_steps", "sharding"}) {
+      saved["train"].erase(key);
+      now["train"].erase(key);
+    }
     // where the folder lives and how many threads compute it are not part of the run: a copied
     // or moved run folder resumes, on another machine as well
     for (const char* key : {"output", "threads"}) {
@@ -203,7 +206,12 @@ void check_resume(TrainContext& c, bool resume) {
 }
 
 std::unique_ptr<GradientSync> start_gradient_sync(TrainContext& c, Optimizer& opt) {
-  if (!c.comm) return nullptr;
+  if (!c.comm) {
+    if (c.cfg.train.sharding != "none")
+      spdlog::info("train.sharding {}: one process, nothing to share (it holds everything)",
+                   c.cfg.train.sharding);
+    return nullptr;
+  }
   // identical weights everywhere (rank 0's), then gradients averaged over the ranks
   std::vector<torch::Tensor> all;
   for (auto& p : c.model->parameters()) all.push_back(p);
@@ -212,8 +220,22 @@ std::unique_ptr<GradientSync> start_gradient_sync(TrainContext& c, Optimizer& op
     torch::NoGradGuard g;
     c.comm->broadcast(all, 0);
   }
-  auto sync = std::make_unique<GradientSync>(*c.comm, opt.parameters());
-  spdlog::info("gradients all-reduced in {} bucket(s)", sync->buckets());
+  const ShardingLevel level = parse_sharding(c.cfg.train.sharding, "run config: train.sharding");
+  auto sync = std::make_unique<GradientSync>(*c.comm, opt.parameters(), level);
+  if (sync->sharded())
+    spdlog::info(
+        "sharding {} (ZeRO stage {}): this rank owns {} of {} trainable parameters; "
+        "gradients {} in {} bucket(s)",
+        to_string(level), level == ShardingLevel::kOptimizer ? 1 : 2, sync->owned_numel(),
+        [&] {
+          int64_t n = 0;
+          for (auto& p : opt.parameters()) n += p.numel();
+          return n;
+        }(),
+        level == ShardingLevel::kOptimizer ? "all-reduced" : "reduced to their owner",
+        sync->buckets());
+  else
+    spdlog::info("gradients all-reduced in {} bucket(s)", sync->buckets());
   return sync;
 }
 

@@ -102,6 +102,10 @@ class TrainLoop {
   void log_step(int64_t epoch, double lr);
   void end_epoch(int64_t epoch);
   void checkpoint();
+  void gather_optimizer_state();
+  void drop_unowned_optimizer_state();
+  double clip_sharded_gradients();
+  nlohmann::json memory_record();
 
   TrainContext& c_;
   const TrainOptions& o_;
@@ -160,6 +164,7 @@ void TrainLoop::restore(bool resume) {
 
 void TrainLoop::start_sync_and_usage() {
   sync_ = start_gradient_sync(c_, opt_);
+  drop_unowned_optimizer_state();  // a resumed checkpoint holds every rank's share
   usage_ = UsageRecorder(*c_.model);
   if (c_.comm) {
     Communicator* cm = c_.comm.get();
@@ -171,11 +176,85 @@ void TrainLoop::start_sync_and_usage() {
 }
 
 void TrainLoop::checkpoint() {
+  // sharded: every rank sends its share of the optimiser state to rank 0 first, so that the
+  // checkpoint is whole and resumes at any world size and sharding level
+  if (sync_ && sync_->sharded()) gather_optimizer_state();
   if (!c_.main_rank()) return;  // rank 0 writes; every rank resumes from it
   st_.metrics_bytes = static_cast<int64_t>(fs::file_size(metrics_path_));
   st_.usage = usage_.to_json();
   save_checkpoint(c_.dir, *c_.model, opt_, st_);
   usage_.save(c_.dir);
+  if (sync_ && sync_->sharded()) drop_unowned_optimizer_state();
+}
+
+// Parameter by parameter (bounded memory), its owner broadcasts [has state, step] and then the
+// two moments; rank 0 keeps them until the checkpoint is written, the others let them go.
+void TrainLoop::gather_optimizer_state() {
+  torch::NoGradGuard no_grad;
+  const auto params = opt_.parameters();
+  const int me = c_.comm->rank();
+  for (size_t k = 0; k < params.size(); ++k) {
+    const int owner = sync_->owner(k);
+    Optimizer::ParamState s = me == owner ? opt_.state_of(k) : Optimizer::ParamState{};
+    std::vector<torch::Tensor> head = {torch::tensor(
+        {s.exp_avg.defined() ? 1.0 : 0.0, static_cast<double>(s.step)}, torch::kFloat64)};
+    c_.comm->broadcast(head, owner);
+    if (head[0][0].item<double>() == 0 || me == owner) {
+      if (me == owner && s.exp_avg.defined()) {
+        std::vector<torch::Tensor> moments = {s.exp_avg, s.exp_avg_sq};
+        c_.comm->broadcast(moments, owner);
+      }
+      continue;
+    }
+    std::vector<torch::Tensor> moments = {torch::empty_like(params[k]),
+                                          torch::empty_like(params[k])};
+    c_.comm->broadcast(moments, owner);
+    if (c_.main_rank())
+      opt_.set_state(k, {static_cast<int64_t>(head[0][1].item<double>()), moments[0], moments[1]});
+  }
+}
+
+void TrainLoop::drop_unowned_optimizer_state() {
+  if (!sync_ || !sync_->sharded()) return;
+  const auto n = opt_.parameters().size();
+  for (size_t k = 0; k < n; ++k)
+    if (!sync_->owns(k)) opt_.drop_state(k);
+}
+
+// The global gradient norm from each rank's own gradients, and the owned gradients clipped as
+// torch::nn::utils::clip_grad_norm_ clips them (max_norm / (norm + 1e-6) when below 1).
+double TrainLoop::clip_sharded_gradients() {
+  const double norm = std::sqrt(sync_->global_grad_norm_sq());
+  if (o_.grad_clip <= 0 || !std::isfinite(norm)) return norm;
+  const double coef = o_.grad_clip / (norm + 1e-6);
+  if (coef < 1) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : opt_.parameters())
+      if (p.grad().defined()) p.mutable_grad().mul_(coef);
+  }
+  return norm;
+}
+
+// The largest tensor memory each rank held (CPU tensors, counted by the allocator), with the
+// sharding level: results.json's "memory" and a log line.
+nlohmann::json TrainLoop::memory_record() {
+  std::vector<double> mine = {static_cast<double>(cpu_tensor_peak_bytes()),
+                              static_cast<double>(opt_.state_bytes())};
+  std::vector<std::vector<double>> all = {mine};
+  if (c_.comm) all = c_.comm->all_gather(mine);
+  std::vector<double> peak, state;
+  for (const auto& r : all)
+    peak.push_back(r[0] / (1024.0 * 1024.0)), state.push_back(r[1] / (1024.0 * 1024.0));
+  nlohmann::json j = {{"sharding", sync_ ? to_string(sync_->level()) : std::string("none")},
+                      {"world_size", static_cast<int64_t>(all.size())},
+                      {"peak_tensor_mib_per_rank", peak},
+                      {"optimizer_state_mib_per_rank", state}};
+  std::vector<std::string> shown;
+  for (size_t r = 0; r < peak.size(); ++r)
+    shown.push_back(
+        fmt::format("rank {} {:.0f} MiB (AdamW state {:.0f} MiB)", r, peak[r], state[r]));
+  if (c_.main_rank()) spdlog::info("peak CPU tensor memory: {}", fmt::join(shown, ", "));
+  return j;
 }
 
 bool TrainLoop::run_epochs() {
@@ -269,9 +348,12 @@ bool TrainLoop::optimizer_step(int64_t epoch, int64_t b) {
   if (sync_) sync_->finish();
   if (!skip_window_ && (o_.grad_clip > 0 || skip_nonfinite)) {
     // infinity: the norm alone (checked), nothing clipped
-    const double norm = torch::nn::utils::clip_grad_norm_(
-        opt_.parameters(),
-        o_.grad_clip > 0 ? o_.grad_clip : std::numeric_limits<double>::infinity());
+    const double norm =
+        sync_ && sync_->sharded()
+            ? clip_sharded_gradients()
+            : torch::nn::utils::clip_grad_norm_(
+                  opt_.parameters(),
+                  o_.grad_clip > 0 ? o_.grad_clip : std::numeric_limits<double>::infinity());
     // stop before the optimiser writes NaN into the weights (and into a checkpoint)
     EMOE_CHECK(std::isfinite(norm) || skip_nonfinite, RuntimeError,
                "non-finite gradient norm at step {} (epoch {}, batch {}); lower the learning rate "
@@ -294,6 +376,7 @@ bool TrainLoop::optimizer_step(int64_t epoch, int64_t b) {
                skips_in_a_row_, st_.step + 1, o_.max_consecutive_skips);
   } else {
     opt_.step();
+    if (sync_) sync_->broadcast_parameters();  // sharded: each owner's updated weights to all
     skips_in_a_row_ = 0;
   }
   opt_.zero_grad();
@@ -384,6 +467,7 @@ TrainResult TrainLoop::run() {
     result.stopped_early = true;
     return result;
   }
+  const nlohmann::json memory = memory_record();
   if (c_.comm) {
     c_.comm->barrier();  // every rank finished; rank 0 alone writes the deliverables
     if (!c_.main_rank()) return result;
@@ -406,6 +490,7 @@ TrainResult TrainLoop::run() {
     forms.dense = evaluate_forced(c_, true, st_.step);
   }
   result.results = run_results(c_, st_, forms);
+  result.results["memory"] = memory;
   usage_.save(c_.dir);
   if (c_.cfg.save_best) {
     require_finite_weights(*c_.model, (fs::path(c_.dir) / "model").string());
