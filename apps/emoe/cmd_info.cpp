@@ -23,6 +23,7 @@ struct InfoArgs {
   std::string model_dir, dtype = "float32";
   bool json = false, memory = false, system = false;
   int64_t batch = 32, seq_len = 128;  // the run config's train.batch_size and max_length
+  std::vector<int> ranks;             // data-parallel world sizes of the per-rank report
 };
 
 std::string human_bytes(int64_t n) {
@@ -83,8 +84,15 @@ void run_system(const InfoArgs& a) {
 nlohmann::json memory_report(const InfoArgs& a) {
   const auto dtype = parse_dtype(a.dtype);
   nlohmann::json methods = nlohmann::json::array();
+  nlohmann::json per_rank = nlohmann::json::array();
   for (const auto& method : training_methods()) {
     const TrainingMemory m = training_memory(a.model_dir, method, a.batch, a.seq_len, dtype);
+    for (int world : a.ranks) {
+      nlohmann::json row = {{"method", method}, {"ranks", world}};
+      for (const char* level : {"none", "optimizer", "gradients"})
+        row[std::string(level) + "_bytes"] = per_rank_memory(m, a.batch, world, level).total();
+      per_rank.push_back(row);
+    }
     methods.push_back({{"method", m.method},
                        {"parameters", m.parameters},
                        {"trainable", m.trainable},
@@ -101,7 +109,8 @@ nlohmann::json memory_report(const InfoArgs& a) {
            "weights: parameters x bytes(dtype); gradients: trainable x bytes(dtype); AdamW: "
            "trainable x 2 x 4 bytes (float32 moments); activations: layers x s*b*h*(34 + "
            "5*a*s/h) x bytes(dtype)/2 (Korthikanti et al. 2022, eq. 1)"},
-          {"methods", methods}};
+          {"methods", methods},
+          {"per_rank", per_rank}};
 }
 
 // Divisors of d_ff: the expert counts an even split allows.
@@ -237,6 +246,19 @@ void run_info(const InfoArgs& a) {
           human_bytes(m["optimizer_bytes"].get<int64_t>()),
           human_bytes(m["activations_bytes"].get<int64_t>()),
           human_bytes(m["total_bytes"].get<int64_t>()));
+    if (!mem["per_rank"].empty()) {
+      std::cout << fmt::format(
+          "\nper rank, data parallel with the global batch {} split over the ranks, by "
+          "train.sharding (optimizer: AdamW state / ranks; gradients: gradients too; weights "
+          "whole on every rank):\n",
+          a.batch);
+      std::cout << "| method | ranks | none | optimizer | gradients |\n|---|---|---|---|---|\n";
+      for (const auto& r : mem["per_rank"])
+        std::cout << fmt::format("| {} | {} | {} | {} | {} |\n", r["method"].get<std::string>(),
+                                 r["ranks"].get<int>(), human_bytes(r["none_bytes"].get<int64_t>()),
+                                 human_bytes(r["optimizer_bytes"].get<int64_t>()),
+                                 human_bytes(r["gradients_bytes"].get<int64_t>()));
+    }
   }
 }
 
@@ -263,6 +285,10 @@ void register_info(CLI::App& app) {
                   ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   cmd->add_option("--dtype", args->dtype, "Weights dtype of the memory report: float32, bfloat16")
       ->capture_default_str();
+  add_list_option(cmd, "--ranks", args->ranks,
+                  "Data-parallel world sizes for a per-rank memory report by train.sharding, "
+                  "e.g. --ranks 2,8")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->callback([args, batch, seq] {
     if (args->system) {
       EMOE_CHECK(args->model_dir.empty(), UsageError,
@@ -272,7 +298,7 @@ void register_info(CLI::App& app) {
     }
     EMOE_CHECK(!args->model_dir.empty(), UsageError,
                "MODEL_DIR: required (a model folder), or --system for this machine");
-    if (batch->count() || seq->count()) args->memory = true;
+    if (batch->count() || seq->count() || !args->ranks.empty()) args->memory = true;
     run_info(*args);
   });
 }

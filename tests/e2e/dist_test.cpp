@@ -275,3 +275,116 @@ TEST(Distributed, ShardedCheckpointsResumeAtAnotherWorldSize) {
     EXPECT_LT(weight, 1e-5);
   }
 }
+
+namespace {
+
+// Two network namespaces of the test's own joined by a veth pair, 10.231.7.1 and 10.231.7.2:
+// two hosts as far as the sockets can tell. Removed (with the pair) when it goes.
+class TwoHosts {
+ public:
+  TwoHosts() {
+    const std::string tag = std::to_string(getpid() % 100000);
+    ns_ = {"emoe-a" + tag, "emoe-b" + tag};
+    const std::string va = "eva" + tag, vb = "evb" + tag;
+    const std::vector<std::string> steps = {"ip netns add " + ns_[0],
+                                            "ip netns add " + ns_[1],
+                                            "ip link add " + va + " type veth peer name " + vb,
+                                            "ip link set " + va + " netns " + ns_[0],
+                                            "ip link set " + vb + " netns " + ns_[1],
+                                            "ip -n " + ns_[0] + " addr add 10.231.7.1/24 dev " + va,
+                                            "ip -n " + ns_[1] + " addr add 10.231.7.2/24 dev " + vb,
+                                            "ip -n " + ns_[0] + " link set " + va + " up",
+                                            "ip -n " + ns_[1] + " link set " + vb + " up",
+                                            "ip -n " + ns_[0] + " link set lo up",
+                                            "ip -n " + ns_[1] + " link set lo up"};
+    for (const auto& s : steps)
+      if (std::system((s + " 2>/dev/null").c_str()) != 0) {
+        why_ = "'" + s + "' failed (network namespaces need root or CAP_NET_ADMIN, and iproute2)";
+        return;
+      }
+    ok_ = true;
+  }
+  ~TwoHosts() {
+    for (const auto& n : ns_) std::system(("ip netns del " + n + " 2>/dev/null").c_str());
+  }
+  bool ok() const { return ok_; }
+  const std::string& why() const { return why_; }
+  // Starts `emoe ARGS` as rank `rank` of 2 in its namespace; stderr goes to err_file.
+  pid_t start(int rank, const std::string& args, const std::string& err_file) const {
+    pid_t pid = fork();
+    if (pid == 0) {
+      const auto cmd = fmt::format(
+          "exec ip netns exec {} {} {} --rank {} --world-size 2 --master-addr 10.231.7.1 "
+          "--master-port 29611 2>{} >/dev/null",
+          ns_[static_cast<size_t>(rank)], emoe::test::emoe_binary(), args, rank, err_file);
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return pid;
+  }
+
+ private:
+  std::vector<std::string> ns_;
+  bool ok_ = false;
+  std::string why_;
+};
+
+int wait_exit_code(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string read_file_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+// Two ranks on two network hosts (rendezvous by address and port, as on two machines), sharded
+// at gradients: rank 1 is killed mid-run; rank 0 stops within the timeout naming the rank it
+// lost; --resume on both hosts finishes with the weights of an uninterrupted one-process run.
+TEST(Distributed, TwoHostsLoseARankAndResume) {
+  EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
+  EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
+  TwoHosts hosts;
+  if (!hosts.ok()) GTEST_SKIP() << "two hosts not made here: " << hosts.why();
+  emoe::test::TempDir tmp;
+  const auto model = deterministic_bert(bert, tmp.file("bert"));
+  const auto whole = tmp.file("whole"), run = tmp.file("two-hosts");
+  auto r = emoe::test::run_emoe(train_args(model, "emoe", whole, 30, "--set threads=1"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string args =
+      train_args(model, "emoe", run, 30,
+                 "--set threads=1 --set train.save_every=2 --sharding gradients --dist-timeout 10");
+  const pid_t r0 = hosts.start(0, args, run + ".err0");
+  const pid_t r1 = hosts.start(1, args, run + ".err1");
+  const auto t_start = std::chrono::steady_clock::now();
+  while (emoe::test::train_losses(run).size() < 6 &&
+         std::chrono::steady_clock::now() - t_start < std::chrono::seconds(120))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_GE(emoe::test::train_losses(run).size(), 6u) << read_file_text(run + ".err0");
+  kill(r1, SIGKILL);
+  const auto t_kill = std::chrono::steady_clock::now();
+  wait_exit_code(r1);
+  const int code0 = wait_exit_code(r0);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_kill).count();
+  const std::string err0 = read_file_text(run + ".err0");
+  EXPECT_EQ(code0, 1) << err0;
+  EXPECT_NE(err0.find("rank 0 of 2"), std::string::npos) << err0;
+  EXPECT_NE(err0.find("lost: rank 1 at 10.231.7.2"), std::string::npos) << err0;
+  EXPECT_LT(secs, 30.0);
+  std::cout << fmt::format("[ 2 hosts  ] rank 0 stopped {:.1f} s after rank 1 was killed: {}\n",
+                           secs, err0.substr(err0.find("distributed:")).substr(0, 200));
+  // both hosts again, from the last checkpoint
+  const pid_t a0 = hosts.start(0, args + " --resume", run + ".err0");
+  const pid_t a1 = hosts.start(1, args + " --resume", run + ".err1");
+  const int c1 = wait_exit_code(a1), c0 = wait_exit_code(a0);
+  ASSERT_EQ(c0, 0) << read_file_text(run + ".err0");
+  ASSERT_EQ(c1, 0) << read_file_text(run + ".err1");
+  const auto [loss, weight] = run_difference(whole, run);
+  EXPECT_LT(loss, 1e-5);
+  EXPECT_LT(weight, 1e-5);
+}

@@ -1,6 +1,7 @@
 // `emoe info --memory`: weights, gradients and AdamW state per method, against hand counts.
 #include "emoe/train/memory.h"
 
+#include "emoe/core/error.h"
 #include "support/test_support.h"
 
 // fixtures/tiny/bert_seqcls: hidden 32, 2 layers, d_ff 64, vocab 100, 64 positions, 2 token
@@ -53,4 +54,28 @@ TEST(TrainingMemory, TinyBertMatchesHandCounts) {
     if (m == "emoe") EXPECT_EQ(r.trainable, r.parameters);
     if (m == "emoe+lora") EXPECT_LT(r.trainable, r.parameters / 2);
   }
+}
+
+// Per rank in data parallel: the batch split (activations), the AdamW state divided at
+// optimizer, the gradients too at gradients, the weights whole everywhere.
+TEST(TrainingMemory, PerRankSharesFollowTheShardingLevel) {
+  emoe::TrainingMemory m;
+  m.weights = 4000, m.gradients = 4000, m.optimizer = 8000, m.activations = 3200;  // batch 32
+  const auto none = emoe::per_rank_memory(m, 32, 4, "none");
+  EXPECT_EQ(none.weights, 4000);
+  EXPECT_EQ(none.gradients, 4000);
+  EXPECT_EQ(none.optimizer, 8000);
+  EXPECT_EQ(none.activations, 800);
+  const auto opt = emoe::per_rank_memory(m, 32, 4, "optimizer");
+  EXPECT_EQ(opt.optimizer, 2000);
+  EXPECT_EQ(opt.gradients, 4000);
+  const auto grad = emoe::per_rank_memory(m, 32, 4, "gradients");
+  EXPECT_EQ(grad.optimizer, 2000);
+  EXPECT_EQ(grad.gradients, 1000);
+  EXPECT_EQ(grad.weights, 4000);
+  EXPECT_EQ(grad.total(), 4000 + 1000 + 2000 + 800);
+  // an uneven split: ceil(32 / 3) = 11 examples on the busiest rank
+  EXPECT_EQ(emoe::per_rank_memory(m, 32, 3, "none").activations, 1100);  // 11 of 32
+  EXPECT_EQ(emoe::per_rank_memory(m, 32, 1, "gradients").total(), m.total());
+  EXPECT_THROW(emoe::per_rank_memory(m, 32, 2, "full"), emoe::UsageError);
 }

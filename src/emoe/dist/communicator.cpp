@@ -10,7 +10,12 @@
 #else
 #define EMOE_HAVE_GLOO 0
 #endif
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -31,25 +36,69 @@ int env_int(const char* name, int fallback, int min_value) {
 }
 
 #if EMOE_HAVE_GLOO
+// The address of this machine's interface that routes to host:port ("" when none does): a UDP
+// socket "connected" there sends nothing, but the kernel picks the source address.
+std::string local_address_towards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) return "";
+  std::string out;
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    char buf[INET_ADDRSTRLEN] = {0};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf)) != nullptr)
+      out = buf;
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  return out;
+}
+
+// The ranks a failure message points at: Gloo names the peer of a broken connection as
+// "[address]:port" ("Read error [10.0.0.2]:8837: Connection reset by peer"); the ranks registered
+// at the first such address (this one left out).
+std::string lost_ranks(const std::string& msg, const std::vector<std::string>& hosts, int self) {
+  std::vector<int> ranks;
+  std::string addr;
+  for (size_t at = msg.find('['); at != std::string::npos && ranks.empty();
+       at = msg.find('[', at + 1)) {
+    const auto end = msg.find("]:", at);
+    if (end == std::string::npos) break;
+    addr = msg.substr(at + 1, end - at - 1);
+    for (size_t r = 0; r < hosts.size(); ++r)
+      if (!addr.empty() && hosts[r] == addr && static_cast<int>(r) != self)
+        ranks.push_back(static_cast<int>(r));
+  }
+  if (ranks.empty()) return "";
+  return fmt::format("; lost: rank{} {} at {}", ranks.size() > 1 ? "s" : "", fmt::join(ranks, ", "),
+                     addr);
+}
+
 std::string collective_failure(const DistOptions& o, const std::string& what,
-                               const std::exception& e) {
+                               const std::exception& e, const std::vector<std::string>& hosts) {
   std::string msg = e.what();
   if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
   return fmt::format(
-      "distributed: rank {} of {}: {} failed (another worker died, or none answered within {} s): "
-      "{}",
-      o.rank, o.world_size, what, o.timeout_s, msg);
+      "distributed: rank {} of {}: {} failed (another worker died, or none answered within {} "
+      "s){}: {}",
+      o.rank, o.world_size, what, o.timeout_s, lost_ranks(msg, hosts, o.rank), msg);
 }
 
 class GlooPending : public PendingCollective {
  public:
-  GlooPending(c10::intrusive_ptr<c10d::Work> work, const DistOptions& o, const char* what)
-      : work_(std::move(work)), o_(o), what_(what) {}
+  GlooPending(c10::intrusive_ptr<c10d::Work> work, const DistOptions& o, const char* what,
+              const std::vector<std::string>& hosts)
+      : work_(std::move(work)), o_(o), what_(what), hosts_(hosts) {}
   void wait() override {
     try {
       work_->wait();
     } catch (const std::exception& e) {
-      throw RuntimeError(collective_failure(o_, what_, e));
+      throw RuntimeError(collective_failure(o_, what_, e, hosts_));
     }
   }
 
@@ -57,6 +106,7 @@ class GlooPending : public PendingCollective {
   c10::intrusive_ptr<c10d::Work> work_;
   DistOptions o_;
   const char* what_;
+  std::vector<std::string> hosts_;
 };
 #else
 [[noreturn]] void no_process_group() {
@@ -91,6 +141,7 @@ DistOptions DistOptions::from_env() {
 struct Communicator::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+  std::vector<std::string> hosts;  // each rank's address, as it registered at the rendezvous
 };
 
 Communicator::Communicator(const DistOptions& options)
@@ -106,7 +157,21 @@ Communicator::Communicator(const DistOptions& options)
     impl_->store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, so);
     auto go = c10d::ProcessGroupGloo::Options::create();
     go->timeout = timeout;
-    go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.master_addr));
+    // The interface Gloo listens on: $GLOO_SOCKET_IFNAME as torchrun has it; else the one that
+    // routes to rank 0 (on one machine, loopback; on several, each host's own address there).
+    std::string local = local_address_towards(options.master_addr, options.master_port);
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname)
+      go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    else
+      go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(
+          local.empty() ? options.master_addr : local));
+    // every rank's address, so that a broken connection names the rank it lost
+    impl_->store->set("emoe/host/" + std::to_string(options.rank),
+                      std::vector<uint8_t>(local.begin(), local.end()));
+    for (int r = 0; r < options.world_size; ++r) {
+      auto v = impl_->store->get("emoe/host/" + std::to_string(r));
+      impl_->hosts.emplace_back(v.begin(), v.end());
+    }
     impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, options.rank,
                                                                options.world_size, go);
   } catch (const std::exception& e) {
@@ -124,9 +189,10 @@ Communicator::~Communicator() = default;
 std::unique_ptr<PendingCollective> Communicator::all_reduce_sum_async(at::Tensor& t) {
   std::vector<at::Tensor> ts = {t};
   try {
-    return std::make_unique<GlooPending>(impl_->group->allreduce(ts), options_, "all-reduce");
+    return std::make_unique<GlooPending>(impl_->group->allreduce(ts), options_, "all-reduce",
+                                         impl_->hosts);
   } catch (const std::exception& e) {
-    throw RuntimeError(collective_failure(options_, "all-reduce", e));
+    throw RuntimeError(collective_failure(options_, "all-reduce", e, impl_->hosts));
   }
 }
 
@@ -135,9 +201,10 @@ std::unique_ptr<PendingCollective> Communicator::reduce_sum_async(at::Tensor& t,
   c10d::ReduceOptions ro;
   ro.rootRank = root;
   try {
-    return std::make_unique<GlooPending>(impl_->group->reduce(ts, ro), options_, "reduce");
+    return std::make_unique<GlooPending>(impl_->group->reduce(ts, ro), options_, "reduce",
+                                         impl_->hosts);
   } catch (const std::exception& e) {
-    throw RuntimeError(collective_failure(options_, "reduce", e));
+    throw RuntimeError(collective_failure(options_, "reduce", e, impl_->hosts));
   }
 }
 
@@ -162,7 +229,7 @@ void Communicator::broadcast(std::vector<at::Tensor>& tensors, int root) {
       impl_->group->broadcast(one, bo)->wait();
     }
   } catch (const std::exception& e) {
-    throw RuntimeError(collective_failure(options_, "broadcast", e));
+    throw RuntimeError(collective_failure(options_, "broadcast", e, impl_->hosts));
   }
 }
 
@@ -193,7 +260,7 @@ void Communicator::barrier() {
   try {
     impl_->group->barrier()->wait();
   } catch (const std::exception& e) {
-    throw RuntimeError(collective_failure(options_, "barrier", e));
+    throw RuntimeError(collective_failure(options_, "barrier", e, impl_->hosts));
   }
 }
 

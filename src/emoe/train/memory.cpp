@@ -4,6 +4,9 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
+#include "emoe/core/error.h"
 #include "emoe/io/hf_config.h"
 #include "emoe/models/loader.h"
 #include "emoe/train/method.h"
@@ -71,6 +74,22 @@ TrainingMemory training_memory(const std::string& model_dir, const std::string& 
   m.gradients = counts.trainable * bytes;
   m.optimizer = counts.trainable * 2 * 4;
   m.activations = activation_bytes(s, batch, seq_len, dtype);
+  return m;
+}
+
+TrainingMemory per_rank_memory(const TrainingMemory& whole, int64_t batch, int world,
+                               const std::string& sharding) {
+  EMOE_CHECK(world >= 1 && batch >= 1, UsageError,
+             "memory per rank: expected ranks >= 1 and batch >= 1, got {} and {}", world, batch);
+  EMOE_CHECK(sharding == "none" || sharding == "optimizer" || sharding == "gradients", UsageError,
+             "train.sharding: expected none, optimizer or gradients, got '{}'", sharding);
+  const auto share = [world](int64_t bytes) { return (bytes + world - 1) / world; };
+  TrainingMemory m = whole;
+  const int64_t per_rank_batch = (batch + world - 1) / world;
+  m.activations = std::llround(static_cast<double>(whole.activations) *
+                               static_cast<double>(per_rank_batch) / static_cast<double>(batch));
+  if (sharding != "none") m.optimizer = share(whole.optimizer);
+  if (sharding == "gradients") m.gradients = share(whole.gradients);
   return m;
 }
 

@@ -39,4 +39,12 @@ int64_t activation_bytes(const ModelSummary& s, int64_t batch, int64_t seq_len,
 TrainingMemory training_memory(const std::string& model_dir, const std::string& method,
                                int64_t batch, int64_t seq_len, c10::ScalarType dtype);
 
+// One rank's share of `whole` (the memory of one process at global batch `batch`) in data
+// parallel over `world` ranks at train.sharding `sharding` (none | optimizer | gradients): the
+// batch split evenly (activations scale with ceil(batch / world)), the AdamW state divided by
+// world at optimizer and gradients, the gradients too at gradients (even shares; the real cut
+// at parameter boundaries is printed by a run). The weights stay whole on every rank.
+TrainingMemory per_rank_memory(const TrainingMemory& whole, int64_t batch, int world,
+                               const std::string& sharding);
+
 }  // namespace emoe

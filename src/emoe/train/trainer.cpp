@@ -122,6 +122,9 @@ class TrainLoop {
   bool has_aux_ = false;
   double loss_acc_ = 0, aux_acc_ = 0;  // logged: the task loss and, apart, the balance losses
   int64_t loss_count_ = 0, tokens_acc_ = 0;
+  // the most CPU tensor memory held outside checkpoint writing (which gathers the whole AdamW
+  // state on rank 0 under sharding)
+  int64_t peak_bytes_ = 0;
   std::chrono::steady_clock::time_point window_start_;
 };
 
@@ -176,6 +179,10 @@ void TrainLoop::start_sync_and_usage() {
 }
 
 void TrainLoop::checkpoint() {
+  peak_bytes_ = std::max(peak_bytes_, cpu_tensor_peak_bytes());
+  struct RestartPeak {  // the checkpoint's own memory is not the training's
+    ~RestartPeak() { reset_cpu_tensor_peak(); }
+  } restart_peak;
   // sharded: every rank sends its share of the optimiser state to rank 0 first, so that the
   // checkpoint is whole and resumes at any world size and sharding level
   if (sync_ && sync_->sharded()) gather_optimizer_state();
@@ -235,10 +242,12 @@ double TrainLoop::clip_sharded_gradients() {
   return norm;
 }
 
-// The largest tensor memory each rank held (CPU tensors, counted by the allocator), with the
-// sharding level: results.json's "memory" and a log line.
+// The largest tensor memory each rank held (CPU tensors, counted by the allocator; the moments
+// of writing a checkpoint left out), with the sharding level: results.json's "memory" and a log
+// line.
 nlohmann::json TrainLoop::memory_record() {
-  std::vector<double> mine = {static_cast<double>(cpu_tensor_peak_bytes()),
+  peak_bytes_ = std::max(peak_bytes_, cpu_tensor_peak_bytes());
+  std::vector<double> mine = {static_cast<double>(peak_bytes_),
                               static_cast<double>(opt_.state_bytes())};
   std::vector<std::vector<double>> all = {mine};
   if (c_.comm) all = c_.comm->all_gather(mine);
