@@ -78,7 +78,7 @@ TEST(ConfigFields, EveryResolvedKeyIsInTheTableAndBack) {
   nlohmann::json cls = fields_base_config(false);
   cls["dataset"] = {{"train", "a.tsv"}, {"dev", "b.tsv"}, {"labels", {"neg", "pos"}}};
   cls["max_shard_size"] = "2GB";
-  cls["train"] = {{"trainable", "moe-layers"}};
+  cls["train"] = {{"trainable", "moe-layers"}, {"sharding", "gradients"}};
   std::set<std::string> resolved;
   for (const auto& j : {cls, fields_base_config(true)}) {
     const auto c = emoe::RunConfig::from_json(j, "t");
