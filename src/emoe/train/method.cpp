@@ -10,6 +10,7 @@
 #include "emoe/moe/prune.h"
 #include "emoe/moe/usage.h"
 #include "emoe/peft/targets.h"
+#include "emoe/train/method_table.h"
 
 namespace emoe {
 namespace fs = std::filesystem;
@@ -83,7 +84,11 @@ MethodState apply_method(PretrainedModelImpl& model, const RunConfig& cfg,
     apply_peft(model, st.peft);
     select_trainable(model, st.peft);
   }
-  if (cfg.train.trainable != "all") restrict_trainable(model, cfg.train.trainable);
+  // train.trainable "all": the method decides (GMoE+LoRA its converted layers, EMoE-learn+LoRA
+  // its routers, besides the adapters and the head that select_trainable left trainable)
+  const std::string& scope =
+      cfg.train.trainable != "all" ? cfg.train.trainable : method_info(cfg.method).also_trains;
+  if (!scope.empty() && scope != "all") restrict_trainable(model, scope);
   return st;
 }
 
