@@ -34,6 +34,10 @@ TEST(AnalysisCli, AnalyzePruneAndPruneThenTrain) {
   std::string md((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(md.find("| layer 0 | selections | train |"), std::string::npos) << md;
   EXPECT_NE(md.find("| layer 2 | selections | imdb |"), std::string::npos) << md;
+  // dev vs the out-of-domain set: shares, total-variation distance, figures
+  for (const char* f : {"id_vs_ood.png", "id_vs_ood_tv.png", "id_vs_ood.csv", "id_vs_ood.md"})
+    EXPECT_TRUE(fs::exists(tmp.file(std::string("run/analysis/") + f))) << f;
+  EXPECT_NE(md.find("| layer 2 | imdb | 0."), std::string::npos) << md;
 
   r = run_emoe("prune " + tmp.file("run"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
