@@ -28,6 +28,7 @@
 #include "emoe/models/loader.h"
 #include "emoe/moe/convert.h"
 #include "emoe/train/method.h"
+#include "emoe/train/method_table.h"
 #include "emoe/train/optim.h"
 #include "emoe/train/precision.h"
 #include "torch/csrc/autograd/profiler_legacy.h"
@@ -103,7 +104,7 @@ Shape model_shape(const std::string& name, const Args& a) {
 emoe::RunConfig method_config(const std::string& method, const Shape& s, int64_t layers) {
   std::string m = method == "emoe-dispatched" ? "emoe" : method;
   std::vector<std::string> sets = {"model=(random)", "task=sst2", "method=" + m};
-  if (m == "emoe" || m == "emoe+lora" || m == "emoe-learn" || m == "emoe-learn-init") {
+  if (emoe::method_info(m, "--methods").is_emoe()) {
     sets.push_back(fmt::format("moe.experts={}", s.experts));
     sets.push_back(fmt::format("moe.topk={}", s.topk));
     std::vector<int64_t> all(layers);

@@ -18,6 +18,7 @@
 #include "emoe/io/atomic_file.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/train/method.h"
+#include "emoe/train/method_table.h"
 #include "emoe/train/optim.h"
 
 namespace emoe::cli {
@@ -44,8 +45,9 @@ RunConfig bench_config(const BenchArgs& a, const std::string& method, int64_t d_
   std::string m = method == "dense" ? "full" : method == "emoe-dispatched" ? "emoe" : method;
   std::vector<std::string> sets = {"model=" + a.model_dir, "task=sst2", "method=" + m};
   if (method != "dense" && method != "full") {
-    int64_t n = a.experts ? a.experts : (m == "gmoe" ? 4 : bench_default_experts(d_ff));
-    int64_t k = a.topk ? a.topk : (m == "gmoe" ? 2 : std::max<int64_t>(1, n / 4));
+    const bool gmoe = method_info(m, "--methods").moe == "gmoe";
+    int64_t n = a.experts ? a.experts : (gmoe ? 4 : bench_default_experts(d_ff));
+    int64_t k = a.topk ? a.topk : (gmoe ? 2 : std::max<int64_t>(1, n / 4));
     sets.push_back("moe.experts=" + std::to_string(n));
     sets.push_back("moe.topk=" + std::to_string(k));
     std::vector<int64_t> all(layers);
@@ -149,18 +151,14 @@ void run_bench(const BenchArgs& a) {
   for (const auto& m : a.methods)
     if (!m.empty()) methods.push_back(m);
   EMOE_CHECK(!methods.empty(), UsageError, "--methods: expected a list like dense,lora,emoe");
-  static const std::set<std::string> known = {"dense",
-                                              "full",
-                                              "lora",
-                                              "ia3",
-                                              "mov",
-                                              "molora",
-                                              "emoe",
-                                              "emoe-dispatched",
-                                              "emoe+lora",
-                                              "emoe-learn",
-                                              "emoe-learn-init",
-                                              "gmoe"};
+  // dense (= full), emoe-dispatched (EMoE through the dispatched path) and every training method
+  // that needs no data sample (MoEfication's router learns from activations)
+  static const std::set<std::string> known = [] {
+    std::set<std::string> k = {"dense", "emoe-dispatched"};
+    for (const auto& m : method_table())
+      if (m.moe != "moefication") k.insert(m.name);
+    return k;
+  }();
   for (const auto& m : methods)
     EMOE_CHECK(known.count(m), UsageError, "--methods: unknown method '{}' (known: {})", m,
                fmt::join(known, ", "));
@@ -225,8 +223,8 @@ void register_bench(CLI::App& app) {
                                  "Efficiency table: parameters, FLOPs, time and memory per method");
   cmd->add_option("MODEL_DIR", a->model_dir, "Model folder")->required();
   add_list_option(cmd, "--methods", a->methods,
-                  "Methods: dense, lora, ia3, mov, molora, emoe, emoe-dispatched, emoe+lora, "
-                  "emoe-learn, emoe-learn-init, gmoe")
+                  "Methods: dense, emoe-dispatched, or a training method but moefication (emoe "
+                  "train --fields lists them)")
       ->capture_default_str();
   cmd->add_option("--batch", a->batch, "Sequences per batch")
       ->capture_default_str()

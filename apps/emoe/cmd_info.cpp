@@ -15,6 +15,7 @@
 #include "emoe/moe/expert_kernels.h"
 #include "emoe/tokenizer/tokenizer.h"
 #include "emoe/train/memory.h"
+#include "emoe/train/method_table.h"
 
 namespace emoe::cli {
 namespace {
@@ -85,7 +86,7 @@ nlohmann::json memory_report(const InfoArgs& a) {
   const auto dtype = parse_dtype(a.dtype);
   nlohmann::json methods = nlohmann::json::array();
   nlohmann::json per_rank = nlohmann::json::array();
-  for (const auto& method : training_methods()) {
+  for (const auto& method : method_names()) {
     const TrainingMemory m = training_memory(a.model_dir, method, a.batch, a.seq_len, dtype);
     for (int world : a.ranks) {
       nlohmann::json row = {{"method", method}, {"ranks", world}};

@@ -34,6 +34,10 @@ TEST(AnalysisCli, AnalyzePruneAndPruneThenTrain) {
   std::string md((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(md.find("| layer 0 | selections | train |"), std::string::npos) << md;
   EXPECT_NE(md.find("| layer 2 | selections | imdb |"), std::string::npos) << md;
+  // dev vs the out-of-domain set: shares, total-variation distance, figures
+  for (const char* f : {"id_vs_ood.png", "id_vs_ood_tv.png", "id_vs_ood.csv", "id_vs_ood.md"})
+    EXPECT_TRUE(fs::exists(tmp.file(std::string("run/analysis/") + f))) << f;
+  EXPECT_NE(md.find("| layer 2 | imdb | 0."), std::string::npos) << md;
 
   r = run_emoe("prune " + tmp.file("run"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -56,6 +60,38 @@ TEST(AnalysisCli, AnalyzePruneAndPruneThenTrain) {
                " --set prune_keep=2 -o " + tmp.file("bad"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("split differently"), std::string::npos) << r.err;
+}
+
+// The activation-clustering picture of a pretrained model's layer, and its usage errors.
+TEST(AnalysisCli, CoactivationPictureOfAModelLayer) {
+  EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
+  EMOE_REQUIRE_SHARED(text, "data/corpus/wikitext-2/valid.txt");
+  emoe::test::TempDir tmp;
+  auto r = run_emoe("analyze --coactivation " + bert + " --sample " + text +
+                    " --layer 1 --experts 8 --max-tokens 600 -o " + tmp.file("co"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(tmp.file("co/coactivation_layer1.png")));
+  std::ifstream in(tmp.file("co/coactivation_layer1.md"));
+  std::string md((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(md.find("| EMoE (balanced k-means) |"), std::string::npos) << md;
+  EXPECT_NE(r.out.find("within / between experts"), std::string::npos) << r.out;
+
+  r = run_emoe("analyze --coactivation " + bert + " -o " + tmp.file("x"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--sample FILE"), std::string::npos) << r.err;
+  r = run_emoe("analyze " + tmp.file("co") + " --coactivation " + bert + " --sample " + text);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("not both"), std::string::npos) << r.err;
+  r = run_emoe("analyze --coactivation " + bert + " --sample " + text + " --layer 9");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--layer 9: the model has FFN layers 0..3"), std::string::npos) << r.err;
+  r = run_emoe("analyze --coactivation " + bert + " --sample " + text + " --experts 7");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--experts: d_ff 1024 is not divisible by N = 7"), std::string::npos)
+      << r.err;
+  r = run_emoe("analyze");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("RUN_DIR is required"), std::string::npos) << r.err;
 }
 
 TEST(AnalysisCli, BenchPrintsOneRowPerMethod) {

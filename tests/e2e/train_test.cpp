@@ -8,6 +8,7 @@
 #include "emoe/core/error.h"
 #include "emoe/io/safetensors.h"
 #include "emoe/methods/model_folder.h"
+#include "emoe/train/method_table.h"
 #include "emoe/train/trainer.h"
 #include "support/test_support.h"
 
@@ -46,38 +47,49 @@ std::map<std::string, torch::Tensor> checkpoint_weights(const std::string& run) 
 
 }  // namespace
 
-TEST(TrainE2E, EveryMethodTrainsEvaluatesAndReloads) {
+// Every row of the method table (train/method_table.cpp) trains 2 steps on bert-mini, evaluates
+// and writes its model; a PEFT method trains fewer parameters than the model has (which ones:
+// tests/unit/method_table_test.cpp).
+class TrainE2EMethod : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TrainE2EMethod, TrainsEvaluatesAndWritesItsModel) {
   EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
   EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
   emoe::test::TempDir tmp;
-  for (std::string method : {"full", "lora", "ia3", "mov", "molora", "emoe", "emoe+lora",
-                             "emoe-learn", "emoe-learn-init", "gmoe"}) {
-    SCOPED_TRACE(method);
-    auto out = tmp.file(method);
-    auto r = emoe::run_training(tiny_run(bert, method, out), false);
-    ASSERT_FALSE(r.stopped_early);
-    const auto& res = r.results;
-    EXPECT_GE(res["best_epoch"].get<int64_t>(), 1);
-    double acc = res["best"]["dev"]["metrics"]["accuracy"].get<double>();
-    EXPECT_GE(acc, 0.0);
-    EXPECT_LE(acc, 100.0);
-    EXPECT_TRUE(fs::exists(out + "/results.json"));
-    EXPECT_TRUE(fs::exists(out + "/metrics.jsonl"));
-    EXPECT_TRUE(fs::exists(out + "/model/config.json"));
-    if (method == "lora" || method == "emoe+lora" || method == "ia3")
-      EXPECT_TRUE(fs::exists(out + "/adapter/adapter_model.safetensors"));
-    // dense exports need no moe.json / peft.json
-    if (method == "full" || method == "lora" || method == "emoe" || method == "emoe+lora" ||
-        method == "emoe-learn" || method == "emoe-learn-init") {
-      EXPECT_FALSE(fs::exists(out + "/model/moe.json"));
-      EXPECT_FALSE(fs::exists(out + "/model/peft.json"));
-    }
-    if (method == "full" || method == "lora" || method == "ia3")
-      EXPECT_EQ(
-          res["parameters"]["trainable"].get<int64_t>() < res["parameters"]["total"].get<int64_t>(),
-          method != "full");
+  const emoe::MethodInfo& info = emoe::method_info(GetParam());
+  const std::string& method = info.name;
+  auto out = tmp.file("run");
+  auto r = emoe::run_training(tiny_run(bert, method, out, {"train.max_steps=2"}), false);
+  ASSERT_FALSE(r.stopped_early);
+  const auto& res = r.results;
+  EXPECT_GE(res["best_epoch"].get<int64_t>(), 1);
+  double acc = res["best"]["dev"]["metrics"]["accuracy"].get<double>();
+  EXPECT_GE(acc, 0.0);
+  EXPECT_LE(acc, 100.0);
+  EXPECT_TRUE(fs::exists(out + "/results.json"));
+  EXPECT_TRUE(fs::exists(out + "/metrics.jsonl"));
+  EXPECT_TRUE(fs::exists(out + "/model/config.json"));
+  if (info.peft == emoe::PeftMethod::kLora || info.peft == emoe::PeftMethod::kIa3)
+    EXPECT_TRUE(fs::exists(out + "/adapter/adapter_model.safetensors"));
+  // dense exports (LoRA merged, EMoE recomposed) need no moe.json / peft.json
+  if ((info.peft == emoe::PeftMethod::kNone || info.peft == emoe::PeftMethod::kLora) &&
+      (!info.uses_moe() || info.is_emoe())) {
+    EXPECT_FALSE(fs::exists(out + "/model/moe.json"));
+    EXPECT_FALSE(fs::exists(out + "/model/peft.json"));
   }
+  if (info.uses_moe()) EXPECT_TRUE(fs::exists(out + "/model_moe/moe.json"));
+  const int64_t trainable = res["parameters"]["trainable"].get<int64_t>();
+  const int64_t total = res["parameters"]["total"].get<int64_t>();
+  EXPECT_EQ(trainable < total, info.peft != emoe::PeftMethod::kNone);
 }
+
+INSTANTIATE_TEST_SUITE_P(Methods, TrainE2EMethod, ::testing::ValuesIn(emoe::method_names()),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           std::string s;
+                           for (char c : p.param)
+                             s += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+                           return s;
+                         });
 
 // Issue 24: an EMoE run reports its routed and its recomposed dense metrics apart, says which
 // form model/ holds, and each equals what `emoe eval` measures on that folder; max_shard_size

@@ -2,6 +2,7 @@
 #include "emoe/train/memory.h"
 
 #include "emoe/core/error.h"
+#include "emoe/train/method_table.h"
 #include "support/test_support.h"
 
 // fixtures/tiny/bert_seqcls: hidden 32, 2 layers, d_ff 64, vocab 100, 64 positions, 2 token
@@ -44,7 +45,7 @@ TEST(TrainingMemory, TinyBertMatchesHandCounts) {
   EXPECT_EQ(bf16.activations, act / 2);
 
   // every method of `emoe train` has a report; EMoE trains every parameter, emoe+lora does not
-  for (const auto& m : emoe::training_methods()) {
+  for (const auto& m : emoe::method_names()) {
     SCOPED_TRACE(m);
     auto r = emoe::training_memory(dir, m, 8, 32, torch::kFloat);
     EXPECT_GT(r.trainable, 0);
@@ -53,6 +54,8 @@ TEST(TrainingMemory, TinyBertMatchesHandCounts) {
     EXPECT_EQ(r.optimizer, r.trainable * 8);
     if (m == "emoe") EXPECT_EQ(r.trainable, r.parameters);
     if (m == "emoe+lora") EXPECT_LT(r.trainable, r.parameters / 2);
+    if (m == "gmoe+lora" || m == "emoe-learn+lora")  // + the converted layers / the routers
+      EXPECT_GT(r.trainable, emoe::training_memory(dir, "lora", 8, 32, torch::kFloat).trainable);
   }
 }
 

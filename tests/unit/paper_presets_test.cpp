@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "emoe/core/error.h"
 #include "emoe/train/run_config.h"
 #include "support/test_support.h"
 

@@ -29,6 +29,24 @@ void plot_viridis(double t, double& r, double& g, double& b) {
   b = k[i][2] + f * (k[i + 1][2] - k[i][2]);
 }
 
+// Blue (t = 0) - white (0.5) - red (1), for signed values centred on 0.
+void plot_diverging(double t, double& r, double& g, double& b) {
+  static const double lo[3] = {0.23, 0.30, 0.75}, hi[3] = {0.71, 0.02, 0.15};
+  t = std::clamp(t, 0.0, 1.0);
+  const double* end = t < 0.5 ? lo : hi;
+  const double f = std::fabs(t - 0.5) * 2.0;  // 0 at white, 1 at the end colour
+  r = 1.0 + f * (end[0] - 1.0);
+  g = 1.0 + f * (end[1] - 1.0);
+  b = 1.0 + f * (end[2] - 1.0);
+}
+
+void plot_colour(bool diverging, double t, double& r, double& g, double& b) {
+  if (diverging)
+    plot_diverging(t, r, g, b);
+  else
+    plot_viridis(t, r, g, b);
+}
+
 void plot_text(cairo_t* cr, double x, double y, const std::string& s, double size, double align = 0,
                bool bold = false, bool vertical = false) {
   cairo_select_font_face(cr, "DejaVu Sans", CAIRO_FONT_SLANT_NORMAL,
@@ -87,6 +105,12 @@ void plot_range(const std::vector<HeatmapSpec>& specs, double& lo, double& hi) {
     for (const auto& row : s.values)
       for (double v : row) lo = std::min(lo, v), hi = std::max(hi, v);
   if (!std::isfinite(lo)) lo = 0, hi = 1;
+  if (specs[0].diverging) {  // symmetric: white is 0
+    hi = std::max(std::fabs(lo), std::fabs(hi));
+    if (hi <= 0) hi = 1;
+    lo = -hi;
+    return;
+  }
   lo = std::min(lo, 0.0);
   if (hi <= lo) hi = lo + 1;
 }
@@ -104,7 +128,7 @@ void plot_panel(cairo_t* cr, const HeatmapSpec& s, double x, double y, double w,
     for (size_t r = 0; r < rows; ++r)
       for (size_t c = 0; c < cols; ++c) {
         double R, G, B;
-        plot_viridis((s.values[r][c] - lo) / (hi - lo), R, G, B);
+        plot_colour(s.diverging, (s.values[r][c] - lo) / (hi - lo), R, G, B);
         cairo_set_source_rgb(cr, R, G, B);
         double x0 = x + c * cw, x1 = x0 + cw;
         if (numeric) {
@@ -152,11 +176,11 @@ void plot_panel(cairo_t* cr, const HeatmapSpec& s, double x, double y, double w,
 }
 
 void plot_colorbar(cairo_t* cr, double x, double y, double h, double lo, double hi,
-                   const std::string& label) {
+                   const std::string& label, bool diverging) {
   const int steps = 100;
   for (int i = 0; i < steps; ++i) {
     double R, G, B;
-    plot_viridis(1.0 - static_cast<double>(i) / steps, R, G, B);
+    plot_colour(diverging, 1.0 - static_cast<double>(i) / steps, R, G, B);
     cairo_set_source_rgb(cr, R, G, B);
     cairo_rectangle(cr, x, y + h * i / steps, 16, h / steps + 0.5);
     cairo_fill(cr);
@@ -204,7 +228,7 @@ void write_heatmap_panels_png(const std::string& path, const std::string& title,
   if (panels.size() > 1) plot_text(cr, width / 2.0, 22, title, 15, 0.5, true);
   for (size_t i = 0; i < panels.size(); ++i)
     plot_panel(cr, panels[i], left + i * (pw + gap), top, pw, ph, lo, hi);
-  plot_colorbar(cr, width - 110, top, ph, lo, hi, panels[0].value_label);
+  plot_colorbar(cr, width - 110, top, ph, lo, hi, panels[0].value_label, panels[0].diverging);
   cairo_destroy(cr);
   plot_save(surface, path);
 }
@@ -214,7 +238,10 @@ void write_heatmap_png(const std::string& path, const HeatmapSpec& spec) {
 }
 
 void write_bar_chart_png(const std::string& path, const BarChartSpec& spec) {
-  const double left = 80, top = 60, pw = std::max<double>(420, 70.0 * spec.categories.size()),
+  // wide enough for the legend's row of series names too
+  const double left = 80, top = 60,
+               pw = std::max({420.0, 70.0 * static_cast<double>(spec.categories.size()),
+                              150.0 * static_cast<double>(spec.series.size()) - 10}),
                ph = 320;
   const int width = static_cast<int>(left + pw + 40), height = static_cast<int>(top + ph + 90);
   auto* surface = cairo_image_surface_create(CAIRO_FORMAT_RGB24, width, height);
@@ -228,8 +255,10 @@ void write_bar_chart_png(const std::string& path, const BarChartSpec& spec) {
   if (hi <= 0) hi = 1;
   plot_nice_axis(hi * 1.02, hi, step);
   cairo_set_line_width(cr, 1);
-  static const double colors[6][3] = {{0.18, 0.45, 0.70}, {0.90, 0.49, 0.13}, {0.30, 0.65, 0.30},
-                                      {0.75, 0.25, 0.30}, {0.55, 0.40, 0.70}, {0.50, 0.50, 0.50}};
+  // eight series before a colour repeats (the out-of-domain sets of SST-2 are eight)
+  static const double colors[8][3] = {{0.18, 0.45, 0.70}, {0.90, 0.49, 0.13}, {0.30, 0.65, 0.30},
+                                      {0.75, 0.25, 0.30}, {0.55, 0.40, 0.70}, {0.50, 0.50, 0.50},
+                                      {0.85, 0.70, 0.10}, {0.20, 0.70, 0.75}};
   for (double v = 0; v <= hi + step * 1e-6; v += step) {
     plot_text(cr, left - 6, top + ph - ph * v / hi, plot_number(v), 11, 1.0);
     cairo_set_source_rgb(cr, 0.85, 0.85, 0.85);
@@ -243,7 +272,7 @@ void write_bar_chart_png(const std::string& path, const BarChartSpec& spec) {
     for (size_t s = 0; s < spec.series.size(); ++s) {
       double v = c < spec.series[s].values.size() ? spec.series[s].values[c] : 0;
       double bh = ph * v / hi;
-      cairo_set_source_rgb(cr, colors[s % 6][0], colors[s % 6][1], colors[s % 6][2]);
+      cairo_set_source_rgb(cr, colors[s % 8][0], colors[s % 8][1], colors[s % 8][2]);
       cairo_rectangle(cr, left + c * group + group * 0.1 + s * bar, top + ph - bh, bar * 0.95, bh);
       cairo_fill(cr);
     }
@@ -257,7 +286,7 @@ void write_bar_chart_png(const std::string& path, const BarChartSpec& spec) {
   plot_text(cr, 20, top + ph / 2, spec.y_label, 12, 0.5, false, true);
   for (size_t s = 0; s < spec.series.size(); ++s) {
     double lx = left + 10 + s * 150, ly = top + ph + 45;
-    cairo_set_source_rgb(cr, colors[s % 6][0], colors[s % 6][1], colors[s % 6][2]);
+    cairo_set_source_rgb(cr, colors[s % 8][0], colors[s % 8][1], colors[s % 8][2]);
     cairo_rectangle(cr, lx, ly - 6, 12, 12);
     cairo_fill(cr);
     plot_text(cr, lx + 18, ly, spec.series[s].name, 12, 0.0);

@@ -10,6 +10,9 @@ struct HeatmapSpec {
   std::vector<std::vector<double>> values;             // [row][column]; rows drawn top to bottom
   std::vector<std::string> row_labels, column_labels;  // may be shorter: every k-th is shown
   double vmin = 0, vmax = -1;                          // vmax < vmin: from the data
+  // Signed values (differences): blue below 0, white at 0, red above, on a range symmetric
+  // about 0 (from the data: +-max |value|). Panels share the first panel's choice.
+  bool diverging = false;
   // Optional numeric x axis (e.g. training steps): column c spans (column_ends[c-1],
   // column_ends[c]] from 0, drawn to scale, with evenly spaced round ticks (axis_ticks) instead of
   // column_labels. One per column, increasing.

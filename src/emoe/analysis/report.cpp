@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "emoe/analysis/domain_shift.h"
 #include "emoe/analysis/plot.h"
 #include "emoe/core/error.h"
 #include "emoe/io/atomic_file.h"
@@ -128,7 +129,11 @@ AnalysisOutput analyze_run(const std::string& run_dir, const std::string& out_di
     out.figures.push_back(path);
   }
 
-  // 3. split quality
+  // 3. in-domain (dev) vs out-of-domain selection shares and their total-variation distance
+  const DomainShiftOutput shift = write_domain_shift(usage, out_dir);
+  out.figures.insert(out.figures.end(), shift.figures.begin(), shift.figures.end());
+
+  // 4. split quality
   MoeState moe;
   const auto moe_path = (fs::path(run_dir) / "moe.json").string();
   if (fs::exists(moe_path)) {
@@ -152,7 +157,7 @@ AnalysisOutput analyze_run(const std::string& run_dir, const std::string& out_di
     }
   }
 
-  // 4. summary
+  // 5. summary
   std::ostringstream md;
   md << "# Expert usage of " << run_dir << "\n\n";
   const auto results_path = (fs::path(run_dir) / "results.json").string();
@@ -194,6 +199,7 @@ AnalysisOutput analyze_run(const std::string& run_dir, const std::string& out_di
           b.unused.empty() ? std::string("none") : fmt::format("{}", fmt::join(b.unused, " ")));
     }
   }
+  if (!shift.markdown.empty()) md << "\n" << shift.markdown;
   md << "\n## Figures\n\n";
   for (const auto& f : out.figures)
     md << "![" << fs::path(f).stem().string() << "](" << fs::path(f).filename().string() << ")\n";

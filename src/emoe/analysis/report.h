@@ -21,8 +21,10 @@ struct AnalysisOutput {
 
 // Reads RUN_DIR/{usage.json, moe.json, results.json, config.json} and writes into out_dir:
 // usage_<source>.png (selection share per expert over training), usage_phases.png (train vs dev
-// vs out-of-domain, per layer), split_quality.png (inertia of the split vs a random split) and
-// summary.md (load balance per layer: entropy, CV, unused experts).
+// vs out-of-domain, per layer), id_vs_ood.{png,md,csv} and id_vs_ood_tv.png (dev vs each
+// out-of-domain set: share differences and total-variation distance, analysis/domain_shift.h),
+// split_quality.png (inertia of the split vs a random split) and summary.md (load balance per
+// layer: entropy, CV, unused experts; the dev vs out-of-domain table).
 AnalysisOutput analyze_run(const std::string& run_dir, const std::string& out_dir);
 
 }  // namespace emoe

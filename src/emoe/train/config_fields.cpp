@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "emoe/core/error.h"
+#include "emoe/train/method_table.h"
 #include "emoe/train/run_config.h"
 
 namespace emoe {
@@ -60,10 +61,8 @@ std::vector<ConfigField> make_fields() {
        "metrics reported; the first picks the best epoch (accuracy, f1, mcc, pearson, spearman)"},
       {"data_dir", text, kNone, "folder of the GLUE and out-of-domain data"},
       {"ood", texts, kNone, "out-of-domain set names of the task, or [all]"},
-      {"method",
-       "one of: full, lora, ia3, mov, molora, emoe, emoe+lora, emoe-learn, emoe-learn-init, "
-       "gmoe, moefication",
-       kNone, "fine-tuning method"},
+      {"method", fmt::format("one of: {}", fmt::join(method_names(), ", ")), kNone,
+       "fine-tuning method (the table below)"},
       {"ablation", "one of: none, train-dense-eval-moe, train-moe-eval-dense", kNone,
        "compute the dense FFN in training or in evaluation (SPEC §3.4)"},
       // MoE conversion (methods that convert FFN layers)
@@ -202,6 +201,28 @@ std::string format_default(const nlohmann::json* v) {
   return v->dump();
 }
 
+// The `method:` values from train/method_table.cpp: what each converts, adds and trains.
+std::string methods_markdown() {
+  std::string out =
+      "\n## Methods\n\n"
+      "From the table in `src/emoe/train/method_table.cpp`. Under a PEFT method everything else "
+      "is\n"
+      "frozen; `train.trainable` (`moe-layers`, `gates`) replaces what the method trains besides\n"
+      "the adapters and the task head.\n\n"
+      "| method | converts FFN layers | adapters | trains | notes |\n|---|---|---|---|---|\n";
+  for (const auto& m : method_table()) {
+    std::string trains = "everything";
+    if (m.peft != PeftMethod::kNone) {
+      trains = "the adapters, the task head";
+      if (m.also_trains == "gates") trains += ", the routers of the converted layers";
+      if (m.also_trains == "moe-layers") trains += ", the converted layers (whole)";
+    }
+    out += fmt::format("| `{}` | {} | {} | {} | {} |\n", m.name, m.uses_moe() ? m.moe : "",
+                       m.peft == PeftMethod::kNone ? "" : to_string(m.peft), trains, m.description);
+  }
+  return out;
+}
+
 }  // namespace
 
 bool FieldRange::contains(double v) const {
@@ -279,7 +300,7 @@ std::string config_fields_markdown() {
                        def.empty() ? "" : "`" + def + "`", f.range ? f.range->to_string() : "",
                        f.meaning);
   }
-  return out;
+  return out + methods_markdown();
 }
 
 }  // namespace emoe

@@ -13,13 +13,6 @@
 
 namespace emoe {
 
-const std::vector<std::string>& training_methods() {
-  static const std::vector<std::string> methods = {
-      "full",      "lora",       "ia3",          "mov",  "molora",     "emoe",
-      "emoe+lora", "emoe-learn", kEmoeLearnInit, "gmoe", "moefication"};
-  return methods;
-}
-
 int64_t activation_bytes(const ModelSummary& s, int64_t batch, int64_t seq_len,
                          c10::ScalarType dtype) {
   const double sq = static_cast<double>(seq_len), b = static_cast<double>(batch);

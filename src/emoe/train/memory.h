@@ -21,9 +21,6 @@ struct TrainingMemory {
   int64_t total() const { return weights + gradients + optimizer + activations; }
 };
 
-// The methods `emoe train` supports, in its order.
-const std::vector<std::string>& training_methods();
-
 // Activations kept for the backward pass, after Korthikanti et al. 2022 ("Reducing Activation
 // Recomputation in Large Transformer Models", eq. 1, no recomputation or parallelism):
 // s·b·h·(34 + 5·a·s/h) bytes per transformer layer for 16-bit activations (s sequence length,

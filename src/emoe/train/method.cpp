@@ -10,6 +10,7 @@
 #include "emoe/moe/prune.h"
 #include "emoe/moe/usage.h"
 #include "emoe/peft/targets.h"
+#include "emoe/train/method_table.h"
 
 namespace emoe {
 namespace fs = std::filesystem;
@@ -20,7 +21,10 @@ namespace {
 // update, as the authors' --tune_moe_layers_only / --tune_gates_only; the task head and the
 // adapters of a PEFT method train in every case; everything else (embeddings, the other layers,
 // a pretrained LM head) is frozen.
-void restrict_trainable(PretrainedModelImpl& model, const std::string& scope) {
+// `origin` names what chose the scope in the messages ("train.trainable gates", "method
+// emoe-learn+lora").
+void restrict_trainable(PretrainedModelImpl& model, const std::string& scope,
+                        const std::string& origin) {
   std::vector<std::string> prefixes;
   std::set<const c10::TensorImpl*> gates;
   const auto slots = model.ffn_slots();
@@ -43,11 +47,9 @@ void restrict_trainable(PretrainedModelImpl& model, const std::string& scope) {
     trained += train ? p.value().numel() : 0;
   }
   EMOE_CHECK(!gates.empty() || scope != "gates", UsageError,
-             "train.trainable gates: the converted layers have no gate parameters");
-  spdlog::info(
-      "train.trainable {}: {} parameters train (the {} converted layers{}, the task head, "
-      "any adapters)",
-      scope, trained, prefixes.size(), scope == "gates" ? "' gates" : "");
+             "{}: the converted layers have no gate parameters", origin);
+  spdlog::info("{}: {} parameters train (the {} converted layers{}, the task head, any adapters)",
+               origin, trained, prefixes.size(), scope == "gates" ? "' gates" : "");
 }
 
 }  // namespace
@@ -83,7 +85,12 @@ MethodState apply_method(PretrainedModelImpl& model, const RunConfig& cfg,
     apply_peft(model, st.peft);
     select_trainable(model, st.peft);
   }
-  if (cfg.train.trainable != "all") restrict_trainable(model, cfg.train.trainable);
+  // train.trainable "all": the method decides (GMoE+LoRA its converted layers, EMoE-learn+LoRA
+  // its routers, besides the adapters and the head that select_trainable left trainable)
+  const bool chosen = cfg.train.trainable != "all";
+  const std::string& scope = chosen ? cfg.train.trainable : method_info(cfg.method).also_trains;
+  if (!scope.empty())
+    restrict_trainable(model, scope, chosen ? "train.trainable " + scope : "method " + cfg.method);
   return st;
 }
 

@@ -14,6 +14,7 @@
 #include "emoe/data/templates.h"
 #include "emoe/io/safetensors.h"
 #include "emoe/train/config_fields.h"
+#include "emoe/train/method_table.h"
 
 namespace emoe {
 
@@ -299,16 +300,12 @@ void read_stack_layers(nlohmann::json& merged, const nlohmann::json& given,
 
 // moe: the defaults of the method, then the keys given (moe.json's field names).
 MoeConfig read_moe(Reader& r, const std::string& method, const std::string& where) {
-  const bool learn_init = method == kEmoeLearnInit;
-  MoeMethod mm = MoeMethod::kEmoe;
-  if (method == "emoe-learn" || learn_init)
-    mm = MoeMethod::kEmoeLearn;
-  else if (method == "gmoe")
-    mm = MoeMethod::kGmoe;
-  else if (method == "moefication")
-    mm = MoeMethod::kMoefication;
-  MoeConfig moe =
-      learn_init ? MoeConfig::for_method_name(kEmoeLearnInit) : MoeConfig::for_method(mm);
+  // an unknown method is refused by validate(); its moe: keys are read as EMoE's meanwhile
+  const MethodInfo* info = find_method(method);
+  const std::string moe_name = info && info->uses_moe() ? info->moe : "emoe";
+  const bool learn_init = moe_name == kEmoeLearnInit;
+  MoeConfig moe = MoeConfig::for_method_name(moe_name);
+  const MoeMethod mm = moe.method;
   moe.layers.clear();
   if (auto* m = r.sub("moe")) {
     EMOE_CHECK(m->is_object(), InputError, "{}.moe: expected a mapping", where);
@@ -439,17 +436,13 @@ NonFinitePolicy parse_nonfinite(const std::string& name) {
 }
 
 bool RunConfig::uses_moe() const {
-  return method == "emoe" || method == "emoe+lora" || method == "emoe-learn" ||
-         method == kEmoeLearnInit || method == "gmoe" || method == "moefication" ||
-         ablation == Ablation::kTrainDenseEvalMoe;
+  const MethodInfo* info = find_method(method);
+  return (info && info->uses_moe()) || ablation == Ablation::kTrainDenseEvalMoe;
 }
 
 PeftMethod RunConfig::peft_method() const {
-  if (method == "lora" || method == "emoe+lora") return PeftMethod::kLora;
-  if (method == "ia3") return PeftMethod::kIa3;
-  if (method == "mov") return PeftMethod::kMov;
-  if (method == "molora") return PeftMethod::kMolora;
-  return PeftMethod::kNone;
+  const MethodInfo* info = find_method(method);
+  return info ? info->peft : PeftMethod::kNone;
 }
 
 nlohmann::json RunConfig::to_json() const {
@@ -641,11 +634,7 @@ void RunConfig::validate() const {
     EMOE_THROW(InputError, "run config: {}: {}", key, what);
   };
   if (model.empty()) bad("model", "required (a Hugging Face model folder)");
-  static const std::set<std::string> methods = {"full",         "lora", "ia3",        "mov",
-                                                "molora",       "emoe", "emoe+lora",  "emoe-learn",
-                                                kEmoeLearnInit, "gmoe", "moefication"};
-  if (!methods.count(method))
-    bad("method", fmt::format("expected one of {}, got '{}'", fmt::join(methods, ", "), method));
+  const MethodInfo& info = method_info(method, "run config: method");
   if (objective == ObjectiveKind::kSeq2Seq) {
     if (mixture.tasks.empty())
       bad("mixture.tasks", "required for seq2seq (e.g. [sst2, cola, mrpc])");
@@ -686,11 +675,13 @@ void RunConfig::validate() const {
   }
   if (objective == ObjectiveKind::kInstruction && instruct_data.empty())
     bad("instruct_data", "required for instruction tuning (an Alpaca JSON file)");
-  if (ablation == Ablation::kTrainMoeEvalDense &&
-      !(method == "emoe" || method == "emoe+lora" || method == "emoe-learn" ||
-        method == kEmoeLearnInit))
-    bad("ablation",
-        "train-moe-eval-dense needs an EMoE method (emoe, emoe+lora, emoe-learn, emoe-learn-init)");
+  if (ablation == Ablation::kTrainMoeEvalDense && !info.is_emoe()) {
+    std::vector<std::string> emoe_methods;
+    for (const auto& m : method_table())
+      if (m.is_emoe()) emoe_methods.push_back(m.name);
+    bad("ablation", fmt::format("train-moe-eval-dense needs an EMoE method ({}), got method {}",
+                                fmt::join(emoe_methods, ", "), method));
+  }
   const auto& t = train;
   // every numeric key against its range in one table (config_fields.cpp, docs/config.md): a
   // value outside it is refused before anything is written (log_every 0 divided by zero;

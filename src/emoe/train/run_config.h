@@ -92,8 +92,7 @@ struct RunConfig {
   CustomDataset dataset;  // when set: the task's data come from these files
   std::string data_dir = "../shared/data";
   std::vector<std::string> ood;  // out-of-domain set names, or ["all"]
-  // full | lora | ia3 | mov | molora | emoe | emoe+lora | emoe-learn | emoe-learn-init | gmoe |
-  // moefication
+  // a row of method_table() (train/method_table.h): full, lora, emoe, emoe+lora, gmoe, ...
   std::string method = "full";
   MoeConfig moe = MoeConfig::for_method(MoeMethod::kEmoe);
   PeftConfig peft;
