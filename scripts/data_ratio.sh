@@ -17,3 +17,26 @@ sizes=$(python3 -c "import sys; p=int(sys.argv[1]); print(','.join(str(max(1, ro
 echo "data ratio: $config, methods full and emoe, training examples $sizes (10/25/50/100 % of $pool), seeds $seeds"
 "$build/emoe" sweep -c "$config" --methods full,emoe --seeds "$seeds" \
   --grid train.max_train_examples="$sizes" --set 'ood=[]' -o "$out"
+# every grid point (the sweep's own table keeps the best point per method): mean ± population std
+python3 - "$out/sweep.json" <<'PY'
+import json, math, sys
+from collections import defaultdict
+runs = json.load(open(sys.argv[1]))
+acc = defaultdict(list)
+for r in runs:
+    n = int(r["point"][0].split("=")[1])
+    acc[(r["method"], n)].append(r["results"]["dev"]["metrics"]["accuracy"])
+sizes = sorted({n for _, n in acc})
+methods = [m for m in ("full", "emoe") if any(k[0] == m for k in acc)]
+def cell(v):
+    mu = sum(v) / len(v)
+    return f"{mu:.2f} ± {math.sqrt(sum((x - mu) ** 2 for x in v) / len(v)):.2f}"
+print()
+print("| method | " + " | ".join(f"{n} ({100 * n / sizes[-1]:.0f} %)" for n in sizes) + " |")
+print("|---|" + "---|" * len(sizes))
+for m in methods:
+    print(f"| {m} | " + " | ".join(cell(acc[(m, n)]) for n in sizes) + " |")
+print("| emoe − full | " + " | ".join(
+    f"{sum(acc[('emoe', n)]) / len(acc[('emoe', n)]) - sum(acc[('full', n)]) / len(acc[('full', n)]):+.2f}"
+    for n in sizes) + " |")
+PY
