@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "emoe/core/error.h"
+#include "emoe/dist/grad_sync.h"
 #include "emoe/io/hf_config.h"
 #include "emoe/models/loader.h"
 #include "emoe/train/method.h"
@@ -74,15 +75,14 @@ TrainingMemory per_rank_memory(const TrainingMemory& whole, int64_t batch, int w
                                const std::string& sharding) {
   EMOE_CHECK(world >= 1 && batch >= 1, UsageError,
              "memory per rank: expected ranks >= 1 and batch >= 1, got {} and {}", world, batch);
-  EMOE_CHECK(sharding == "none" || sharding == "optimizer" || sharding == "gradients", UsageError,
-             "train.sharding: expected none, optimizer or gradients, got '{}'", sharding);
+  const ShardingLevel level = parse_sharding(sharding, "train.sharding");
   const auto share = [world](int64_t bytes) { return (bytes + world - 1) / world; };
   TrainingMemory m = whole;
   const int64_t per_rank_batch = (batch + world - 1) / world;
   m.activations = std::llround(static_cast<double>(whole.activations) *
                                static_cast<double>(per_rank_batch) / static_cast<double>(batch));
-  if (sharding != "none") m.optimizer = share(whole.optimizer);
-  if (sharding == "gradients") m.gradients = share(whole.gradients);
+  if (level != ShardingLevel::kNone) m.optimizer = share(whole.optimizer);
+  if (level == ShardingLevel::kGradients) m.gradients = share(whole.gradients);
   return m;
 }
 

@@ -205,11 +205,9 @@ auto* find_adamw_state(States& states, const torch::Tensor& p) {
 
 }  // namespace
 
-Optimizer::ParamState Optimizer::state_of(size_t k) {
-  const auto params = parameters();
-  EMOE_CHECK(k < params.size(), RuntimeError, "optimizer: no parameter {}", k);
+Optimizer::ParamState Optimizer::state_of(const torch::Tensor& p) {
   ParamState s;
-  if (auto* st = find_adamw_state(adamw_->state(), params[k])) {
+  if (auto* st = find_adamw_state(adamw_->state(), p)) {
     s.step = st->step();
     s.exp_avg = st->exp_avg();
     s.exp_avg_sq = st->exp_avg_sq();
@@ -217,24 +215,20 @@ Optimizer::ParamState Optimizer::state_of(size_t k) {
   return s;
 }
 
-void Optimizer::set_state(size_t k, const ParamState& s) {
-  const auto params = parameters();
-  EMOE_CHECK(k < params.size(), RuntimeError, "optimizer: no parameter {}", k);
+void Optimizer::set_state(const torch::Tensor& p, const ParamState& s) {
   auto& states = adamw_->state();
   using StateKey = typename std::remove_reference_t<decltype(states)>::key_type;
   auto st = std::make_unique<torch::optim::AdamWParamState>();
   st->step(s.step);
   st->exp_avg(s.exp_avg);
   st->exp_avg_sq(s.exp_avg_sq);
-  states[optimizer_state_key<StateKey>(params[k])] = std::move(st);
+  states[optimizer_state_key<StateKey>(p)] = std::move(st);
 }
 
-void Optimizer::drop_state(size_t k) {
-  const auto params = parameters();
-  EMOE_CHECK(k < params.size(), RuntimeError, "optimizer: no parameter {}", k);
+void Optimizer::drop_state(const torch::Tensor& p) {
   auto& states = adamw_->state();
   using StateKey = typename std::remove_reference_t<decltype(states)>::key_type;
-  states.erase(optimizer_state_key<StateKey>(params[k]));
+  states.erase(optimizer_state_key<StateKey>(p));
 }
 
 int64_t Optimizer::state_bytes() {

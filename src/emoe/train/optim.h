@@ -38,16 +38,16 @@ class Optimizer {
   std::vector<torch::Tensor> parameters() const;
   std::vector<std::string> parameter_names() const;
 
-  // AdamW's state of parameter k (in parameters() order): its step count and two moments;
-  // step 0 and undefined moments when it has none yet. Sharded data parallel gathers it for a
-  // checkpoint and drops what another rank owns.
+  // AdamW's state of trainable parameter p (one of parameters()): its step count and two
+  // moments; step 0 and undefined moments when it has none yet. Sharded data parallel gathers it
+  // for a checkpoint and drops what another rank owns.
   struct ParamState {
     int64_t step = 0;
     torch::Tensor exp_avg, exp_avg_sq;
   };
-  ParamState state_of(size_t k);
-  void set_state(size_t k, const ParamState& s);
-  void drop_state(size_t k);
+  ParamState state_of(const torch::Tensor& p);
+  void set_state(const torch::Tensor& p, const ParamState& s);
+  void drop_state(const torch::Tensor& p);
   // Bytes of AdamW state held (both moments of every parameter that has state).
   int64_t state_bytes();
 

@@ -202,7 +202,7 @@ void TrainLoop::gather_optimizer_state() {
   const int me = c_.comm->rank();
   for (size_t k = 0; k < params.size(); ++k) {
     const int owner = sync_->owner(k);
-    Optimizer::ParamState s = me == owner ? opt_.state_of(k) : Optimizer::ParamState{};
+    Optimizer::ParamState s = me == owner ? opt_.state_of(params[k]) : Optimizer::ParamState{};
     std::vector<torch::Tensor> head = {torch::tensor(
         {s.exp_avg.defined() ? 1.0 : 0.0, static_cast<double>(s.step)}, torch::kFloat64)};
     c_.comm->broadcast(head, owner);
@@ -217,15 +217,16 @@ void TrainLoop::gather_optimizer_state() {
                                           torch::empty_like(params[k])};
     c_.comm->broadcast(moments, owner);
     if (c_.main_rank())
-      opt_.set_state(k, {static_cast<int64_t>(head[0][1].item<double>()), moments[0], moments[1]});
+      opt_.set_state(params[k],
+                     {static_cast<int64_t>(head[0][1].item<double>()), moments[0], moments[1]});
   }
 }
 
 void TrainLoop::drop_unowned_optimizer_state() {
   if (!sync_ || !sync_->sharded()) return;
-  const auto n = opt_.parameters().size();
-  for (size_t k = 0; k < n; ++k)
-    if (!sync_->owns(k)) opt_.drop_state(k);
+  const auto params = opt_.parameters();
+  for (size_t k = 0; k < params.size(); ++k)
+    if (!sync_->owns(k)) opt_.drop_state(params[k]);
 }
 
 // The global gradient norm from each rank's own gradients, and the owned gradients clipped as
