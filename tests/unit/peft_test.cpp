@@ -255,6 +255,47 @@ TEST(PeftMov, ExpertsMixPerToken) {
   EXPECT_LE(emoe::test::max_abs_diff(lin.forward(x), want), 1e-6);
 }
 
+// MoV routes keys and values per head with one router shared by the heads (SPEC §3.3; the
+// reference's MoVAttention: router [head_dim, E], probabilities [.., heads, E], vectors per head),
+// and the FFN intermediate as one activation. By hand on BERT's key (2 heads of 8).
+TEST(PeftMov, KeysAndValuesAreRoutedPerHeadWithASharedRouter) {
+  auto m = peft_tiny_model("bert", Head::kSequenceClassification);
+  emoe::apply_peft(*m, peft_config(PeftMethod::kMov, 3));
+  auto mv = peft_adapters_of<emoe::MovAdapter>(*m);
+  emoe::MovAdapter* key = nullptr;
+  emoe::MovAdapter* ffn = nullptr;
+  std::string key_name;
+  for (auto& [name, a] : mv) {
+    if (name.size() >= 3 && name.compare(name.size() - 3, 3, "key") == 0 && !key) {
+      key = a;
+      key_name = name;
+    }
+    if (a->feedforward()) ffn = a;
+  }
+  ASSERT_TRUE(key && ffn);
+  EXPECT_EQ(key->ranges()[0].head_dim, 8);
+  EXPECT_EQ(key->routers[0].sizes(), (std::vector<int64_t>{8, 3}));
+  EXPECT_EQ(key->vectors[0].sizes(), (std::vector<int64_t>{3, 16}));
+  EXPECT_EQ(ffn->routers[0].sizes(), (std::vector<int64_t>{32, 3}));  // the whole intermediate
+  torch::NoGradGuard g;
+  key->vectors[0].normal_(1, 0.5);
+  key->routers[0].normal_(0, 1);
+  auto& lin = peft_linear_named(*m, key_name);
+  auto x = torch::randn({4, 16});
+  auto y = lin.base_forward(x);
+  auto want = torch::empty_like(y);
+  for (int64_t h = 0; h < 2; ++h) {
+    auto a = y.narrow(1, 8 * h, 8);
+    auto p = torch::softmax(a.matmul(key->routers[0]), -1);      // this head's own p
+    auto scale = p.matmul(key->vectors[0].narrow(1, 8 * h, 8));  // its own vectors
+    want.narrow(1, 8 * h, 8).copy_(a * scale);
+  }
+  EXPECT_LE(emoe::test::max_abs_diff(lin.forward(x), want), 1e-5);
+  // routing the whole 16-wide key as one activation would give another output
+  auto p_whole = torch::softmax(y.matmul(torch::cat({key->routers[0], key->routers[0]}, 0)), -1);
+  EXPECT_GT(emoe::test::max_abs_diff(lin.forward(x), y * p_whole.matmul(key->vectors[0])), 1e-3);
+}
+
 // MoV's soft merging on T5 (v1.0 and the gated v1.1) at every site SPEC §3.3 names — keys and
 // values of self- and cross-attention, the FFN intermediate (for v1.1 the product
 // gelu(wi_0 x) * wi_1 x, so the scale applies on the gelu branch) — equals the explicit
@@ -287,11 +328,14 @@ TEST(PeftMov, SoftMergingEqualsTheWeightedSumOfExpertOutputsOnT5) {
         auto y = lin.base_forward(x);
         want = y.clone();
         for (size_t r = 0; r < a->ranges().size(); ++r) {
-          auto slice = y.narrow(1, a->ranges()[r].offset, a->ranges()[r].length);
-          auto p = torch::softmax(slice.matmul(a->routers[r]), -1);
+          // keys and values: each of the 2 heads (d_kv 8) routed on its own by the shared router
+          ASSERT_EQ(a->ranges()[r].head_dim, 8);
+          auto slice = y.narrow(1, a->ranges()[r].offset, a->ranges()[r].length).view({5, 2, 8});
+          auto p = torch::softmax(slice.matmul(a->routers[r]), -1);  // [5, 2, 3]
           auto sum = torch::zeros_like(slice);
-          for (int64_t e = 0; e < 3; ++e) sum += p.narrow(1, e, 1) * (slice * a->vectors[r][e]);
-          want.narrow(1, a->ranges()[r].offset, a->ranges()[r].length).copy_(sum);
+          for (int64_t e = 0; e < 3; ++e)
+            sum += p.narrow(2, e, 1) * (slice * a->vectors[r][e].view({2, 8}));
+          want.narrow(1, a->ranges()[r].offset, a->ranges()[r].length).copy_(sum.view({5, 16}));
         }
       }
       EXPECT_LE(emoe::test::max_abs_diff(lin.forward(x), want), 1e-5);
@@ -501,7 +545,8 @@ TEST(PeftIa3, Gpt2CattnScalesKeysAndValuesOnly) {
   auto mov = peft_tiny_model("gpt2", Head::kCausalLM);
   emoe::apply_peft(*mov, peft_config(PeftMethod::kMov, 4));
   auto mp = mov->named_parameters();
-  EXPECT_EQ(mp["transformer.h.0.attn.c_attn.mov_router_k"].sizes(), (std::vector<int64_t>{16, 4}));
+  // keys and values routed per head: one router over a head's 8 dims, shared by the 2 heads
+  EXPECT_EQ(mp["transformer.h.0.attn.c_attn.mov_router_k"].sizes(), (std::vector<int64_t>{8, 4}));
   EXPECT_EQ(mp["transformer.h.0.attn.c_attn.mov_vectors_v"].sizes(), (std::vector<int64_t>{4, 16}));
   EXPECT_EQ(mp["transformer.h.0.mlp.c_proj.mov_router"].sizes(), (std::vector<int64_t>{64, 4}));
 }

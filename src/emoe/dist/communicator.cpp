@@ -74,9 +74,19 @@ std::string lost_ranks(const std::string& msg, const std::vector<std::string>& h
       if (!addr.empty() && hosts[r] == addr && static_cast<int>(r) != self)
         ranks.push_back(static_cast<int>(r));
   }
-  if (ranks.empty()) return "";
-  return fmt::format("; lost: rank{} {} at {}", ranks.size() > 1 ? "s" : "", fmt::join(ranks, ", "),
-                     addr);
+  if (!ranks.empty())
+    return fmt::format("; lost: rank{} {} at {}", ranks.size() > 1 ? "s" : "",
+                       fmt::join(ranks, ", "), addr);
+  // A time-out ("Timed out waiting 10000ms for send operation to complete") names no peer: with
+  // one peer it is the one lost; with more, name them all as the candidates.
+  std::vector<std::string> peers;
+  for (size_t r = 0; r < hosts.size(); ++r)
+    if (static_cast<int>(r) != self && !hosts[r].empty())
+      peers.push_back(fmt::format("{} at {}", r, hosts[r]));
+  if (peers.empty()) return "";
+  if (peers.size() == 1) return fmt::format("; lost: rank {}", peers[0]);
+  return fmt::format("; lost: one or more of ranks {} (the error names none)",
+                     fmt::join(peers, ", "));
 }
 
 std::string collective_failure(const DistOptions& o, const std::string& what,

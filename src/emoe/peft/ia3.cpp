@@ -72,7 +72,12 @@ MovAdapter::MovAdapter(const LinearImpl& base, bool feedforward, std::vector<Sca
   for (const auto& r : ranges_) {
     if (!feedforward) ia3_check_range(base, r);
     const std::string tail = r.suffix.empty() ? "" : "_" + r.suffix;
-    auto w = torch::empty({r.length, experts}, torch::kFloat).normal_(0.0, 0.02, gen);
+    const bool per_head = !feedforward && r.head_dim > 0;
+    EMOE_CHECK(!per_head || r.length % r.head_dim == 0, UsageError,
+               "MoV: the scaled range of {} outputs is not a whole number of heads of {}", r.length,
+               r.head_dim);
+    const int64_t router_in = per_head ? r.head_dim : r.length;
+    auto w = torch::empty({router_in, experts}, torch::kFloat).normal_(0.0, 0.02, gen);
     routers.push_back(register_parameter("mov_router" + tail, w.to(base.weight.options())));
     vectors.push_back(register_parameter("mov_vectors" + tail,
                                          torch::ones({experts, r.length}, base.weight.options())));
@@ -81,6 +86,18 @@ MovAdapter::MovAdapter(const LinearImpl& base, bool feedforward, std::vector<Sca
 
 torch::Tensor MovAdapter::mix(const torch::Tensor& a, size_t i, bool training) {
   auto af = a.to(torch::kFloat);
+  const int64_t hd = feedforward_ ? 0 : ranges_[i].head_dim;
+  if (hd > 0) {
+    // per head: [..., H, hd] · W_r [hd, E] -> p [..., H, E]; scale[..., h, :] = Σ_e p_e V[e, h, :]
+    auto shape = af.sizes().vec();
+    const int64_t heads = shape.back() / hd;
+    auto ah = af.reshape({-1, heads, hd});
+    auto p = torch::softmax(torch::matmul(ah, routers[i].to(torch::kFloat)), -1);
+    mass.add(p, training);
+    auto v = vectors[i].to(torch::kFloat).view({experts_, heads, hd});
+    auto scale = torch::einsum("nhe,ehd->nhd", {p, v});
+    return (ah * scale).reshape(shape).to(a.scalar_type());
+  }
   auto p = torch::softmax(emoe::linear(af, routers[i].to(torch::kFloat).t(), {}), -1);
   mass.add(p, training);
   auto scale = emoe::linear(p, vectors[i].to(torch::kFloat).t(), {});

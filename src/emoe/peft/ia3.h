@@ -14,11 +14,13 @@ namespace emoe {
 
 // Output columns [offset, offset + length) that form one scaled activation. GPT-2's fused c_attn
 // has two (k and v); other layers one covering the whole output. `suffix` names the range's MoV
-// parameters ("k" -> mov_router_k); empty for a single range.
+// parameters ("k" -> mov_router_k); empty for a single range. `head_dim` > 0 says the range is
+// attention heads of that width (keys, values): MoV then routes each head on its own.
 struct ScaledRange {
   int64_t offset = 0;
   int64_t length = 0;
   std::string suffix;
+  int64_t head_dim = 0;
 };
 
 // y with each range's columns replaced by scale(piece, range index); other columns are copied
@@ -52,9 +54,13 @@ class Ia3Adapter : public LinearAdapter {
 };
 
 // MoV: a soft mixture of E (IA)^3 vectors per scaled activation a: p = softmax(a W_r),
-// scale = Σ_e p_e v_e, output a ⊙ scale. W_r [dim, E] (no bias) ~ N(0, 0.02²) and the vectors
-// v [E, dim] = ones; the router sees the activation it scales and runs in float32. Parameters:
-// mov_router[_suffix], mov_vectors[_suffix] per range.
+// scale = Σ_e p_e v_e, output a ⊙ scale. W_r (no bias) ~ N(0, 0.02²) and the vectors = ones; the
+// router sees the activation it scales and runs in float32. Parameters: mov_router[_suffix],
+// mov_vectors[_suffix] per range. The FFN intermediate is one activation: W_r [dim, E], vectors
+// [E, dim]. Keys and values are routed per head, as the reference's MoVAttention: one router
+// W_r [head_dim, E] shared by the heads gives each head of each token its own p; every head has
+// its own E vectors, stored [E, heads * head_dim] (the reference's [heads, E, head_dim] with the
+// first two axes swapped, so that row e is expert e's (IA)^3 vector over the whole range).
 class MovAdapter : public LinearAdapter, public Routed {
  public:
   // Output scaling of each range, or input scaling when `feedforward` (ranges ignored).
@@ -75,7 +81,7 @@ class MovAdapter : public LinearAdapter, public Routed {
   const std::vector<ScaledRange>& ranges() const { return ranges_; }
   int64_t experts() const { return experts_; }
 
-  std::vector<torch::Tensor> routers;  // per range [dim, E]
+  std::vector<torch::Tensor> routers;  // per range [dim, E], or [head_dim, E] per head
   std::vector<torch::Tensor> vectors;  // per range [E, dim]
   RouterMass mass;                     // router probability mass over all ranges
 

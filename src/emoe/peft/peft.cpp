@@ -174,11 +174,21 @@ std::vector<std::string> apply_peft(PretrainedModelImpl& model, const PeftConfig
         adapter = std::make_shared<Ia3Adapter>(*l.linear, feedforward, all);
         break;
       }
-      case PeftMethod::kMov:
-        adapter = std::make_shared<MovAdapter>(*l.linear, feedforward,
-                                               scaled_output_ranges(model, l.name, *l.linear),
-                                               cfg.experts, gen);
+      case PeftMethod::kMov: {
+        // keys and values (the family's output-scaled defaults) are routed per head (SPEC §3.3,
+        // the reference's MoVAttention); any other output a user targets is one activation
+        auto ranges = scaled_output_ranges(model, l.name, *l.linear);
+        const auto& sm = model.summary();
+        const auto& traits = architecture_of(sm).peft;
+        const bool attention_kv = !feedforward && peft_any_match(traits.scaling, l.name) &&
+                                  !peft_any_match(traits.feedforward, l.name);
+        const int64_t head_dim =
+            sm.head_dim > 0 ? sm.head_dim : (sm.num_heads > 0 ? sm.hidden_size / sm.num_heads : 0);
+        for (auto& r : ranges)
+          if (attention_kv && head_dim > 0 && r.length % head_dim == 0) r.head_dim = head_dim;
+        adapter = std::make_shared<MovAdapter>(*l.linear, feedforward, ranges, cfg.experts, gen);
         break;
+      }
       case PeftMethod::kMolora:
         adapter = std::make_shared<MoloraAdapter>(
             *l.linear,
