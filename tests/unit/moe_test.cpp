@@ -363,7 +363,7 @@ TEST(MoeLayers, T5DefaultConvertsLayersOfTheEncoderAndTheDecoder) {
   EXPECT_THROW(emoe::resolve_moe_layers(bad, 12, 0), emoe::UsageError);  // a decoder-only model
 }
 
-TEST(Moefication, RouterLearnsActivationSharesAndDispatchMatchesMasked) {
+TEST(Moefication, RouterLearnsExpertScoresAndDispatchMatchesMasked) {
   auto model = tiny_llama();
   std::vector<emoe::ModelInputs> sample;
   for (int i = 0; i < 4; ++i) {
@@ -383,8 +383,7 @@ TEST(Moefication, RouterLearnsActivationSharesAndDispatchMatchesMasked) {
   // router quality: its top-1 matches the true top expert more often than chance (1/4)
   auto* slot = model->ffn_slots()[0];
   auto x = acts.inputs[0];
-  auto h = slot->ffn_hidden(x).detach();
-  auto share = emoe::expert_activation_share(h, 4, true);
+  auto share = emoe::moefication_expert_scores(x, slot->ffn_view().w_in.detach(), 4);
   auto pred = plugs[0]->gate()->logits(x, *slot).argmax(1);
   double agree = (pred == share.argmax(1)).to(torch::kFloat).mean().item<double>();
   EXPECT_GT(agree, 0.4);
@@ -395,4 +394,55 @@ TEST(Moefication, RouterLearnsActivationSharesAndDispatchMatchesMasked) {
   for (auto* p : plugs) p->mutable_config().execution = emoe::Execution::kMasked;
   auto b = model->forward(in).logits;
   EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-5));
+}
+
+// MoEfication's router as thunlp/MoEfication's MLPCenter: input L2-normalised, Linear(d, E) started
+// at the mean of each expert's normalised keys, tanh, Linear(E, E) = identity, no biases; trained
+// on relu(x̂ k_i) summed per expert, and the epoch best on the held-out 10 % kept.
+TEST(Moefication, RouterIsTheReferencesAndKeepsTheBestHeldOutEpoch) {
+  auto model = tiny_llama();
+  auto* slot = model->ffn_slots()[0];
+  auto cfg = emoe::MoeConfig::for_method(emoe::MoeMethod::kMoefication);
+  cfg.experts = 4;
+  cfg.topk = 2;
+  auto plug = std::make_shared<emoe::ExpertFfnImpl>(cfg, *slot);
+  auto& ffn = *plug;
+  auto* gate = dynamic_cast<emoe::MlpGateImpl*>(ffn.gate().get());
+  ASSERT_NE(gate, nullptr);
+  EXPECT_EQ(gate->parameters().size(), 2u);  // two weights, no biases
+  auto keys = slot->ffn_view().w_in.detach();
+  auto nk = keys / keys.norm(2, 1, true);
+  const int64_t s = keys.size(0) / 4;
+  for (int64_t e = 0; e < 4; ++e)
+    EXPECT_LE(emoe::test::max_abs_diff(gate->in_proj->weight[e], nk.narrow(0, e * s, s).mean(0)),
+              1e-6);
+  EXPECT_TRUE(torch::equal(gate->out_proj->weight, torch::eye(4)));
+  auto x = torch::randn({64, keys.size(1)});
+  // the input is normalised: the logits do not depend on its length
+  EXPECT_LE(emoe::test::max_abs_diff(gate->logits(x, *slot), gate->logits(x * 7.5, *slot)), 1e-5);
+  // the scores by hand: relu(x̂ k_i) summed over each expert's neurons, no bias
+  auto scores = emoe::moefication_expert_scores(x, keys, 4);
+  auto acts = torch::relu((x / x.norm(2, 1, true)).matmul(keys.t()));
+  for (int64_t e = 0; e < 4; ++e)
+    EXPECT_LE(emoe::test::max_abs_diff(scores.select(1, e), acts.narrow(1, e * s, s).sum(1)), 1e-5);
+  // training: 10 % held out, the kept router is the best epoch's (its held-out coverage is the
+  // one reported, and at least the untrained router's)
+  auto inputs = torch::randn({200, keys.size(1)});
+  emoe::RouterTrainOptions o;
+  o.epochs = 5;
+  o.batch = 64;
+  auto r = emoe::train_moefication_router(ffn, *slot, inputs, o);
+  EXPECT_EQ(r.held_out, 20);
+  EXPECT_GE(r.best_epoch, 1);
+  EXPECT_LE(r.best_epoch, 5);
+  auto held = inputs.narrow(0, 180, 20);
+  auto hs = emoe::moefication_expert_scores(held, keys, 4);
+  torch::NoGradGuard g;
+  auto top = std::get<1>(gate->logits(held, *slot).topk(1, 1));
+  auto any = hs.sum(1) > 0;
+  const double cov = (hs.gather(1, top).sum(1).masked_select(any) / hs.sum(1).masked_select(any))
+                         .mean()
+                         .item<double>();
+  EXPECT_NEAR(cov, r.coverage, 1e-5);
+  EXPECT_GT(r.coverage, 0.25);  // better than a random expert of 4
 }

@@ -607,7 +607,8 @@ TEST(PeftTrainable, ExactlyAdaptersAndTaskHead) {
   const int64_t head = 34;
   EXPECT_EQ(count(PeftMethod::kLora), 4 * (8 * 16 + 16 * 8) + head);
   EXPECT_EQ(count(PeftMethod::kIa3), 4 * 16 + 2 * 32 + head);
-  EXPECT_EQ(count(PeftMethod::kMov), 4 * (16 * 10 * 2) + 2 * (32 * 10 * 2) + head);
+  // MoV: keys and values a router over one head (8 x 10) and 10 vectors of 16; the FFN 32 x 10
+  EXPECT_EQ(count(PeftMethod::kMov), 4 * (8 * 10 + 10 * 16) + 2 * (32 * 10 * 2) + head);
   EXPECT_EQ(count(PeftMethod::kMolora), 4 * (40 * 16 + 16 * 40 + 10 * 16) + head);
   // also_train: every LayerNorm (embeddings + 2 per layer, 32 parameters each)
   EXPECT_EQ(count(PeftMethod::kLora, {"LayerNorm"}), 4 * (8 * 16 + 16 * 8) + head + 5 * 32);

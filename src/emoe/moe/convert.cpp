@@ -169,15 +169,15 @@ MoeState convert_to_moe(PretrainedModelImpl& model, MoeConfig cfg,
     }
     auto plug = make_plug(cfg, slot);
     if (cfg.method == MoeMethod::kMoefication) {
-      auto& perm = state.splits[l].permutation;
-      auto hidden = acts.hidden[l].index_select(1, torch::tensor(perm, torch::kLong));
-      auto targets = expert_activation_share(hidden, cfg.experts, slot.ffn_view().gated());
       RouterTrainOptions ro;
-      ro.seed = cfg.seed;
-      double loss = train_moefication_router(static_cast<ExpertFfnImpl&>(*plug), slot,
-                                             acts.inputs[l], targets, ro);
-      spdlog::info("layer {}: MoEfication router trained on {} tokens, BCE {:.4f}", l,
-                   acts.inputs[l].size(0), loss);
+      ro.seed = cfg.seed + static_cast<uint64_t>(l);
+      auto tr =
+          train_moefication_router(static_cast<ExpertFfnImpl&>(*plug), slot, acts.inputs[l], ro);
+      spdlog::info(
+          "layer {}: MoEfication router trained on {} tokens ({} held out), kept epoch {} of {}: "
+          "its top {} experts cover {:.1f} % of the held-out activation, BCE {:.4f}",
+          l, acts.inputs[l].size(0) - tr.held_out, tr.held_out, tr.best_epoch, ro.epochs,
+          std::max<int64_t>(1, cfg.experts / 5), 100.0 * tr.coverage, tr.loss);
     }
     slot.set_plug(plug);
   }

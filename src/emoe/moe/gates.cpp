@@ -42,16 +42,17 @@ torch::Tensor CosineGateImpl::logits(const torch::Tensor& x, FfnSlot&) {
 }
 
 MlpGateImpl::MlpGateImpl(int64_t d, int64_t experts) {
-  in_proj = register_module("in_proj", torch::nn::Linear(d, experts));
-  out_proj = register_module("out_proj", torch::nn::Linear(experts, experts));
+  using torch::nn::LinearOptions;
+  in_proj = register_module("in_proj", torch::nn::Linear(LinearOptions(d, experts).bias(false)));
+  out_proj =
+      register_module("out_proj", torch::nn::Linear(LinearOptions(experts, experts).bias(false)));
   torch::NoGradGuard g;
   out_proj->weight.copy_(torch::eye(experts));
-  out_proj->bias.zero_();
-  in_proj->bias.zero_();
 }
 
 torch::Tensor MlpGateImpl::logits(const torch::Tensor& x, FfnSlot&) {
-  return out_proj(torch::tanh(in_proj(x)));
+  namespace F = torch::nn::functional;
+  return out_proj(torch::tanh(in_proj(F::normalize(x, F::NormalizeFuncOptions().dim(-1)))));
 }
 
 std::shared_ptr<GateImpl> make_gate(const MoeConfig& cfg, FfnSlot& slot) {
@@ -71,7 +72,11 @@ std::shared_ptr<GateImpl> make_gate(const MoeConfig& cfg, FfnSlot& slot) {
       return std::make_shared<CosineGateImpl>(d, e, cfg.cosine_dim);
     case GateKind::kMlp: {
       auto gate = std::make_shared<MlpGateImpl>(d, e);
-      gate->in_proj->weight.copy_(expert_key_means(view, e));  // the expert centres
+      // the expert centres: the mean of each expert's L2-normalised keys (the reference's)
+      namespace F = torch::nn::functional;
+      auto keys =
+          F::normalize(view.w_in.detach().to(torch::kFloat), F::NormalizeFuncOptions().dim(1));
+      gate->in_proj->weight.copy_(keys.view({e, keys.size(0) / e, d}).mean(1));
       return gate;
     }
   }

@@ -51,7 +51,8 @@ class CosineGateImpl : public GateImpl {
   torch::Tensor sim_matrix, temperature;
 };
 
-// MoEfication's router: Linear(d, E) -> tanh -> Linear(E, E) (identity at start).
+// MoEfication's router, as the reference's: x / |x| -> Linear(d, E) (the expert centres at start)
+// -> tanh -> Linear(E, E) (identity at start), no biases.
 class MlpGateImpl : public GateImpl {
  public:
   MlpGateImpl(int64_t d, int64_t experts);
