@@ -48,7 +48,7 @@ FlopCount count_encoder_decoder(const ModelSummary& s, const MethodCost& m, int6
                T = static_cast<double>(target_len > 0 ? target_len : seq_len);
   const double Le = static_cast<double>(s.num_layers),
                Ld = static_cast<double>(s.num_decoder_layers);
-  const double hd = static_cast<double>(s.head_dim > 0 ? s.head_dim : s.hidden_size / s.num_heads);
+  const double hd = static_cast<double>(s.attention_head_dim());
   const double in = hd * static_cast<double>(s.num_heads);  // inner attention width
   const bool gated = s.gated_ffn;
   const double ffn_dense = (gated ? 3.0 : 2.0) * d * f;

@@ -40,6 +40,10 @@ struct ModelSummary {
   std::optional<int64_t> decoder_start_token_id;  // encoder-decoder models
   std::string activation;
   bool encoder_decoder() const { return num_decoder_layers > 0; }
+  // The width of one attention head: head_dim, or hidden_size / num_heads when it is 0.
+  int64_t attention_head_dim() const {
+    return head_dim > 0 ? head_dim : (num_heads > 0 ? hidden_size / num_heads : 0);
+  }
   // The number of FFN slots (what MoE layer indices count): encoder + decoder layers.
   int64_t ffn_layers() const { return num_layers + num_decoder_layers; }
 };

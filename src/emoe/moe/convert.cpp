@@ -17,7 +17,8 @@ namespace {
 // Records the FFN inputs/hidden activations of real tokens and computes the dense FFN.
 class ActivationRecorderImpl : public FfnPlug {
  public:
-  explicit ActivationRecorderImpl(int64_t max_tokens) : max_tokens_(max_tokens) {}
+  ActivationRecorderImpl(int64_t max_tokens, bool keep_hidden)
+      : max_tokens_(max_tokens), keep_hidden_(keep_hidden) {}
   torch::Tensor run(const torch::Tensor& x, const torch::Tensor& token_mask,
                     FfnSlot& slot) override {
     auto flat = x.reshape({-1, x.size(-1)});
@@ -31,7 +32,8 @@ class ActivationRecorderImpl : public FfnPlug {
       }
       int64_t take = std::min<int64_t>(keep.size(0), max_tokens_ - count_);
       inputs.push_back(keep.narrow(0, 0, take).detach().to(torch::kCPU).to(torch::kFloat));
-      hidden.push_back(keep_h.narrow(0, 0, take).detach().to(torch::kCPU).to(torch::kFloat));
+      if (keep_hidden_)
+        hidden.push_back(keep_h.narrow(0, 0, take).detach().to(torch::kCPU).to(torch::kFloat));
       count_ += take;
     }
     return slot.ffn_output(h).view(x.sizes());
@@ -40,6 +42,7 @@ class ActivationRecorderImpl : public FfnPlug {
 
  private:
   int64_t max_tokens_, count_ = 0;
+  bool keep_hidden_;
 };
 
 FfnSlot& slot_at(PretrainedModelImpl& model, int64_t layer) {
@@ -86,14 +89,14 @@ void permute_ffn(FfnSlot& slot, const std::vector<int64_t>& perm) {
 
 FfnActivations collect_ffn_activations(PretrainedModelImpl& model,
                                        const std::vector<int64_t>& layers,
-                                       const std::vector<ModelInputs>& batches,
-                                       int64_t max_tokens) {
+                                       const std::vector<ModelInputs>& batches, int64_t max_tokens,
+                                       bool keep_hidden) {
   std::map<int64_t, std::shared_ptr<ActivationRecorderImpl>> rec;
   std::map<int64_t, std::shared_ptr<FfnPlug>> previous;
   for (auto l : layers) {
     auto& slot = slot_at(model, l);
     previous[l] = slot.plug();
-    rec[l] = std::make_shared<ActivationRecorderImpl>(max_tokens);
+    rec[l] = std::make_shared<ActivationRecorderImpl>(max_tokens, keep_hidden);
     slot.set_plug(rec[l]);
   }
   {
@@ -113,7 +116,7 @@ FfnActivations collect_ffn_activations(PretrainedModelImpl& model,
     slot_at(model, l).set_plug(previous[l]);
     EMOE_CHECK(!rec[l]->inputs.empty(), InputError, "no sample tokens reached layer {}", l);
     out.inputs[l] = torch::cat(rec[l]->inputs, 0);
-    out.hidden[l] = torch::cat(rec[l]->hidden, 0);
+    if (keep_hidden) out.hidden[l] = torch::cat(rec[l]->hidden, 0);
   }
   return out;
 }
@@ -125,14 +128,14 @@ MoeState convert_to_moe(PretrainedModelImpl& model, MoeConfig cfg,
   cfg.validate(s.ffn_layers(), s.intermediate_size);
   for (auto l : cfg.layers)
     EMOE_CHECK(!slot_at(model, l).plug(), UsageError, "layer {} is already converted", l);
-  const bool need_acts = cfg.method == MoeMethod::kMoefication ||
-                         (cfg.method != MoeMethod::kGmoe && cfg.split == "coactivation");
+  const bool coactivation = cfg.method != MoeMethod::kGmoe && cfg.split == "coactivation";
+  const bool need_acts = cfg.method == MoeMethod::kMoefication || coactivation;
   FfnActivations acts;
   if (need_acts) {
     EMOE_CHECK(!sample.empty(), UsageError,
                "{} needs sample text to gather activations (--sample FILE)",
                cfg.method == MoeMethod::kMoefication ? "MoEfication" : "the coactivation split");
-    acts = collect_ffn_activations(model, cfg.layers, sample, cfg.sample_tokens);
+    acts = collect_ffn_activations(model, cfg.layers, sample, cfg.sample_tokens, coactivation);
   }
   MoeState state;
   state.config = cfg;

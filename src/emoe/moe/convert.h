@@ -24,9 +24,11 @@ struct FfnActivations {
   std::map<int64_t, torch::Tensor> inputs;  // [n, d]
   std::map<int64_t, torch::Tensor> hidden;  // [n, d_ff]
 };
+// `keep_hidden` false records the inputs only (MoEfication's router needs no [n, d_ff] copy).
 FfnActivations collect_ffn_activations(PretrainedModelImpl& model,
                                        const std::vector<int64_t>& layers,
-                                       const std::vector<ModelInputs>& batches, int64_t max_tokens);
+                                       const std::vector<ModelInputs>& batches, int64_t max_tokens,
+                                       bool keep_hidden = true);
 
 // Reorders a slot's neurons in place: new neuron i is old neuron perm[i] (rows of w_in, b_in,
 // w_up; columns of w_out). Exact: a dense FFN computes the same function afterwards.

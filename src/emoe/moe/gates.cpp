@@ -9,9 +9,12 @@
 
 namespace emoe {
 
+torch::Tensor expert_key_means(const torch::Tensor& keys, int64_t experts) {
+  return keys.reshape({experts, keys.size(0) / experts, keys.size(1)}).mean(1);
+}
+
 torch::Tensor expert_key_means(const FfnView& view, int64_t experts) {
-  const int64_t d_ff = view.d_ff(), d = view.d_model();
-  return view.w_in.reshape({experts, d_ff / experts, d}).mean(1);
+  return expert_key_means(view.w_in, experts);
 }
 
 torch::Tensor AvgKGateImpl::logits(const torch::Tensor& x, FfnSlot& slot) {
@@ -74,9 +77,8 @@ std::shared_ptr<GateImpl> make_gate(const MoeConfig& cfg, FfnSlot& slot) {
       auto gate = std::make_shared<MlpGateImpl>(d, e);
       // the expert centres: the mean of each expert's L2-normalised keys (the reference's)
       namespace F = torch::nn::functional;
-      auto keys =
-          F::normalize(view.w_in.detach().to(torch::kFloat), F::NormalizeFuncOptions().dim(1));
-      gate->in_proj->weight.copy_(keys.view({e, keys.size(0) / e, d}).mean(1));
+      gate->in_proj->weight.copy_(expert_key_means(
+          F::normalize(view.w_in.detach().to(torch::kFloat), F::NormalizeFuncOptions().dim(1)), e));
       return gate;
     }
   }

@@ -18,6 +18,8 @@ class GateImpl : public torch::nn::Module {
 
 // Mean of each expert's current, un-normalised keys: [E, d] (gradients flow to the keys).
 torch::Tensor expert_key_means(const FfnView& view, int64_t experts);
+// The same over any key matrix [d_ff, d] in expert order (e.g. the L2-normalised keys).
+torch::Tensor expert_key_means(const torch::Tensor& keys, int64_t experts);
 
 // EMoE: score_e(x) = x · mean_{i in e} k_i, recomputed from the current W1 at every call.
 class AvgKGateImpl : public GateImpl {

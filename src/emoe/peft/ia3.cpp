@@ -72,7 +72,7 @@ MovAdapter::MovAdapter(const LinearImpl& base, bool feedforward, std::vector<Sca
   for (const auto& r : ranges_) {
     if (!feedforward) ia3_check_range(base, r);
     const std::string tail = r.suffix.empty() ? "" : "_" + r.suffix;
-    const bool per_head = !feedforward && r.head_dim > 0;
+    const bool per_head = r.head_dim > 0;
     EMOE_CHECK(!per_head || r.length % r.head_dim == 0, UsageError,
                "MoV: the scaled range of {} outputs is not a whole number of heads of {}", r.length,
                r.head_dim);
@@ -86,7 +86,7 @@ MovAdapter::MovAdapter(const LinearImpl& base, bool feedforward, std::vector<Sca
 
 torch::Tensor MovAdapter::mix(const torch::Tensor& a, size_t i, bool training) {
   auto af = a.to(torch::kFloat);
-  const int64_t hd = feedforward_ ? 0 : ranges_[i].head_dim;
+  const int64_t hd = ranges_[i].head_dim;  // 0 for the feed-forward range
   if (hd > 0) {
     // per head: [..., H, hd] · W_r [hd, E] -> p [..., H, E]; scale[..., h, :] = Σ_e p_e V[e, h, :]
     auto shape = af.sizes().vec();

@@ -182,8 +182,7 @@ std::vector<std::string> apply_peft(PretrainedModelImpl& model, const PeftConfig
         const auto& traits = architecture_of(sm).peft;
         const bool attention_kv = !feedforward && peft_any_match(traits.scaling, l.name) &&
                                   !peft_any_match(traits.feedforward, l.name);
-        const int64_t head_dim =
-            sm.head_dim > 0 ? sm.head_dim : (sm.num_heads > 0 ? sm.hidden_size / sm.num_heads : 0);
+        const int64_t head_dim = sm.attention_head_dim();
         for (auto& r : ranges)
           if (attention_kv && head_dim > 0 && r.length % head_dim == 0) r.head_dim = head_dim;
         adapter = std::make_shared<MovAdapter>(*l.linear, feedforward, ranges, cfg.experts, gen);
