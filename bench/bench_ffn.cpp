@@ -1,7 +1,8 @@
 // Benchmark: one FFN layer forward+backward, dense vs EMoE masked vs EMoE dispatched at
-// k/N = 1/2, 1/4, 1/8. Prints times and ratios measured in the same run: for each row the three
-// are timed in turn, step after step, and each column is the median of its steps, so that the
-// machine's load changes all three alike.
+// k/N = 1/2, 1/4, 1/8, the dispatched experts on each path this CPU has (float32: library GEMMs
+// and the AVX-512 register tiles; bfloat16: library, AVX-512 BF16 and AMX tiles). Prints times
+// and ratios measured in the same run: for each row all are timed in turn, step after step, and
+// each column is the median of its steps, so that the machine's load changes all three alike.
 // Usage: bench_ffn [--tokens 2048] [--reps 5] [--precision fp32|bf16] [--device cpu|cuda]
 //        (the older positional form `bench_ffn TOKENS REPS` still works)
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "emoe/core/runtime.h"
 #include "emoe/models/loader.h"
 #include "emoe/moe/convert.h"
+#include "emoe/moe/expert_ffn.h"
 #include "emoe/train/precision.h"
 
 namespace {
@@ -114,9 +116,37 @@ int main(int argc, char** argv) {
   std::cout << "FFN " << d << " x " << d_ff << ", " << tokens << " tokens, forward+backward, "
             << emoe::to_string(precision) << ", " << device_text << ", "
             << emoe::configure_threads(0) << " threads\n";
-  std::cout << "| N | k/N | dense (ms) | masked (ms) | dispatched (ms) | masked/dense | "
-               "dispatched/dense | dispatched/masked |\n"
-               "|---|---|---|---|---|---|---|---|\n";
+  // the dispatched experts' paths this CPU has, each timed in the same loop: float32 the
+  // register tiles or the library GEMMs; bfloat16 each of bf16_expert_paths_available()
+  struct Path {
+    std::string name;
+    std::function<void()> select, restore;
+  };
+  std::vector<Path> paths;
+  if (precision == emoe::Precision::kBf16Mixed && device.is_cpu()) {
+    for (auto p : emoe::bf16_expert_paths_available())
+      paths.push_back({emoe::to_string(p), [p] { emoe::force_bf16_expert_path(p); },
+                       [] { emoe::force_bf16_expert_path(c10::nullopt); }});
+    std::cout << "bfloat16 dispatched experts by default: " << emoe::bf16_expert_path_report()
+              << "\n";
+  } else {
+    paths.push_back({"library", [] { emoe::set_expert_kernels(false); },
+                     [] { emoe::set_expert_kernels(true); }});
+    if (emoe::expert_kernels_used(torch::zeros({1}, torch::TensorOptions().device(device))))
+      paths.push_back({"avx512", [] {}, [] {}});
+  }
+  std::string head = "| N | k/N | dense (ms) | masked (ms) |", rule = "|---|---|---|---|";
+  for (const auto& p : paths) {
+    head += fmt::format(" dispatched {} (ms) |", p.name);
+    rule += "---|";
+  }
+  head += " masked/dense |";
+  rule += "---|";
+  for (const auto& p : paths) {
+    head += fmt::format(" {}/dense |", p.name);
+    rule += "---|";
+  }
+  std::cout << head << "\n" << rule << "\n";
   for (int64_t experts : {64, 16}) {
     auto c = emoe::MoeConfig::for_method(emoe::MoeMethod::kEmoe);
     c.experts = experts;
@@ -128,7 +158,8 @@ int main(int argc, char** argv) {
     auto* plug = emoe::moe_plugs(*model)[0];
     for (int64_t div : {2, 4, 8}) {
       plug->mutable_config().topk = experts / div;
-      std::vector<double> td, tm, tx;
+      std::vector<double> td, tm;
+      std::vector<std::vector<double>> tx(paths.size());
       for (int64_t r = -1; r < reps; ++r) {  // r = -1: warm-up of each
         plug->set_dense_override(true);
         const double a = time_once(step);
@@ -136,14 +167,23 @@ int main(int argc, char** argv) {
         plug->mutable_config().execution = emoe::Execution::kMasked;
         const double b = time_once(step);
         plug->mutable_config().execution = emoe::Execution::kDispatched;
-        const double c2 = time_once(step);
+        std::vector<double> ts;
+        for (const auto& p : paths) {
+          p.select();
+          ts.push_back(time_once(step));
+          p.restore();
+        }
         if (r < 0) continue;
-        td.push_back(a), tm.push_back(b), tx.push_back(c2);
+        td.push_back(a), tm.push_back(b);
+        for (size_t i = 0; i < paths.size(); ++i) tx[i].push_back(ts[i]);
       }
-      const double dense = median(td), masked = median(tm), disp = median(tx);
-      std::cout << fmt::format(
-          "| {} | 1/{} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | {:.2f} |\n", experts, div,
-          dense * 1e3, masked * 1e3, disp * 1e3, masked / dense, disp / dense, disp / masked);
+      const double dense = median(td), masked = median(tm);
+      std::string row =
+          fmt::format("| {} | 1/{} | {:.1f} | {:.1f} |", experts, div, dense * 1e3, masked * 1e3);
+      for (auto& t : tx) row += fmt::format(" {:.1f} |", median(t) * 1e3);
+      row += fmt::format(" {:.2f} |", masked / dense);
+      for (auto& t : tx) row += fmt::format(" {:.2f} |", median(t) / dense);
+      std::cout << row << "\n";
     }
   }
   return 0;

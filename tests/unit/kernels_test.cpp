@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
+
 #include "emoe/core/error.h"
 #include "emoe/core/runtime.h"
 #include "emoe/models/activation.h"
@@ -211,82 +213,140 @@ TEST(ExpertFfn, Float32RegisterTileKernelsMatchTheDefinitionAndTheLibraryPath) {
   }
 }
 
-// The bfloat16 kernels themselves (expert_kernels.h) against float64 products of the same bf16
-// values: products exact and summed in float32, so the float32 outputs agree to float32 rounding
-// and the bf16 outputs to one bf16 rounding. Odd k (37, a pair split at each row's end, rows
-// starting at odd addresses), odd s (43: a half pair), odd row counts (a half pair of tokens in
-// the weight gradients), an expert without rows, column tails, weights in both layouts.
+// The bfloat16 kernels themselves (expert_kernels.h), each set this CPU has (AVX-512 BF16 register
+// tiles, AMX tiles), against float64 products of the same bf16 values: products exact and summed
+// in float32, so the float32 outputs agree to float32 rounding and the bf16 outputs to one bf16
+// rounding. Odd k (37, a pair split at each row's end, rows starting at odd addresses), odd s
+// (43: a half pair), odd row counts (a half pair of tokens in the weight gradients), an expert
+// without rows, column tails, weights in both layouts; and a larger case (k 130, s 70, experts
+// of 40 and 66 rows) past one AMX step, one accumulator panel and one tile of rows.
+namespace {
+
+struct Bf16KernelSet {
+  const char* name;
+  decltype(&emoe::expert_kernels::gather_gemm_bf16) gather;
+  decltype(&emoe::expert_kernels::scatter_gemm_bf16) scatter;
+  // w [d, E·s] at strides (w_k, w_c); the AVX-512 BF16 kernel writes w_c 1 only
+  std::function<void(const uint16_t*, int64_t, int64_t, const int64_t*, const std::vector<int64_t>&,
+                     int64_t, const uint16_t*, float*, int64_t, int64_t)>
+      weight_grad;
+  bool any_strides;
+};
+
+std::vector<Bf16KernelSet> bf16_kernel_sets() {
+  namespace ek = emoe::expert_kernels;
+  std::vector<Bf16KernelSet> sets;
+  if (ek::bf16_available())
+    sets.push_back(
+        {"avx512-bf16", ek::gather_gemm_bf16, ek::scatter_gemm_bf16,
+         [](const uint16_t* x, int64_t ldx, int64_t k, const int64_t* t,
+            const std::vector<int64_t>& c, int64_t s, const uint16_t* h, float* w, int64_t w_k,
+            int64_t) { ek::gather_weight_grad_bf16(x, ldx, k, t, c, s, h, w, w_k); },
+         false});
+  if (ek::amx_available())
+    sets.push_back(
+        {"amx", ek::gather_gemm_amx, ek::scatter_gemm_amx, ek::gather_weight_grad_amx, true});
+  return sets;
+}
+
+}  // namespace
+
 TEST(ExpertKernels, Bfloat16ProductsMatchFloat64) {
-  if (!emoe::expert_kernels::bf16_available())
-    GTEST_SKIP() << "this CPU has no AVX-512 BF16: the bfloat16 experts use the library path here";
-  torch::manual_seed(12);
-  const int64_t n = 23, d = 37;
-  const std::vector<int64_t> counts = {13, 0, 3, 17, 8};
-  const int64_t e = static_cast<int64_t>(counts.size()), rows = 41;
-  auto tokens = kernels_routed_tokens(n, counts);
+  const auto sets = bf16_kernel_sets();
+  if (sets.empty())
+    GTEST_SKIP() << "this CPU has neither AVX-512 BF16 nor AMX: the bfloat16 experts use the "
+                    "library path here";
   auto bits = [](const torch::Tensor& t) {
     return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
   };
   auto bf16 = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).contiguous(); };
   auto f64 = [](const torch::Tensor& t) { return t.to(torch::kDouble); };
-  const int64_t* tok = tokens.data_ptr<int64_t>();
-  for (int64_t s : {5, 43, 50}) {
-    SCOPED_TRACE("s " + std::to_string(s));
-    auto x = bf16(torch::randn({n, d})), h = bf16(torch::randn({rows, s}));
-    auto w_rows = bf16(torch::randn({e * s, d}));  // neuron rows [E·s, d]
-    auto w_cols = bf16(torch::randn({d, e * s}));  // neuron columns [d, E·s]
-    auto bias = torch::randn({e * s});
-    // the definition: expert j's rows of x (or h) times its block, in float64
-    auto gathered = f64(x).index_select(0, tokens);  // [rows, d]
-    auto block_product = [&](const torch::Tensor& a, const torch::Tensor& w_ds, int64_t j,
-                             int64_t off) {
-      return a.narrow(0, off, counts[j]).mm(f64(w_ds).narrow(1, j * s, s));  // w_ds [d, E·s]
-    };
-    for (bool neuron_rows : {true, false}) {
-      SCOPED_TRACE(neuron_rows ? "neuron rows" : "neuron columns");
-      const auto& w = neuron_rows ? w_rows : w_cols;
-      auto w_ds = neuron_rows ? w_rows.t() : w_cols;  // as [d, E·s]
-      // gather: c[r] = bf16(x[tokens[r]] · block_j + bias_j)
-      auto c = torch::empty({rows, s}, torch::kBFloat16);
-      emoe::expert_kernels::gather_gemm_bf16(
-          bits(x), d, d, tok, counts, s, bits(w), neuron_rows ? 1 : e * s, neuron_rows ? d : 1,
-          bias.data_ptr<float>(), reinterpret_cast<uint16_t*>(c.data_ptr<at::BFloat16>()));
-      std::vector<torch::Tensor> parts;
-      for (int64_t j = 0, off = 0; j < e; off += counts[j], ++j)
-        parts.push_back(block_product(gathered, w_ds, j, off) + f64(bias).narrow(0, j * s, s));
-      auto want = torch::cat(parts);
-      // within one rounding to bf16 (2^-8 of the value) plus float32 summation
-      auto err = (f64(c) - want).abs() - want.abs() * std::ldexp(1.0, -8) - 1e-5 * want.abs().max();
-      EXPECT_LE(err.max().item<double>(), 0.0);
-      // scatter: y[tokens[r]] += h[r] · block_jᵀ (block_j as [s, d]), on top of what y held
-      auto y0 = torch::randn({n, d});
-      auto y = y0.clone();
-      emoe::expert_kernels::scatter_gemm_bf16(bits(h), tok, counts, s, bits(w), neuron_rows ? d : 1,
-                                              neuron_rows ? 1 : e * s, d, y.data_ptr<float>(), d);
-      auto want_y = f64(y0);
-      for (int64_t j = 0, off = 0; j < e; off += counts[j], ++j)
-        want_y.index_add_(0, tokens.narrow(0, off, counts[j]),
-                          f64(h).narrow(0, off, counts[j]).mm(f64(w_ds).narrow(1, j * s, s).t()));
-      EXPECT_LT(emoe::test::max_abs_diff(y, want_y), 1e-5 * want_y.abs().max().item<double>());
+  struct Case {
+    int64_t n, d;
+    std::vector<int64_t> counts, widths;
+  };
+  const std::vector<Case> cases = {{23, 37, {13, 0, 3, 17, 8}, {5, 43, 50}},
+                                   {70, 130, {40, 0, 3, 66, 17}, {70}}};
+  for (const auto& set : sets)
+    for (const auto& cs : cases) {
+      SCOPED_TRACE(std::string(set.name) + ", k " + std::to_string(cs.d));
+      torch::manual_seed(12);
+      const int64_t n = cs.n, d = cs.d;
+      const auto& counts = cs.counts;
+      const int64_t e = static_cast<int64_t>(counts.size());
+      int64_t rows = 0;
+      for (auto c : counts) rows += c;
+      auto tokens = kernels_routed_tokens(n, counts);
+      const int64_t* tok = tokens.data_ptr<int64_t>();
+      for (int64_t s : cs.widths) {
+        SCOPED_TRACE("s " + std::to_string(s));
+        auto x = bf16(torch::randn({n, d})), h = bf16(torch::randn({rows, s}));
+        auto w_rows = bf16(torch::randn({e * s, d}));  // neuron rows [E·s, d]
+        auto w_cols = bf16(torch::randn({d, e * s}));  // neuron columns [d, E·s]
+        auto bias = torch::randn({e * s});
+        // the definition: expert j's rows of x (or h) times its block, in float64
+        auto gathered = f64(x).index_select(0, tokens);  // [rows, d]
+        auto block_product = [&](const torch::Tensor& a, const torch::Tensor& w_ds, int64_t j,
+                                 int64_t off) {
+          return a.narrow(0, off, counts[j]).mm(f64(w_ds).narrow(1, j * s, s));  // [d, E·s]
+        };
+        for (bool neuron_rows : {true, false}) {
+          SCOPED_TRACE(neuron_rows ? "neuron rows" : "neuron columns");
+          const auto& w = neuron_rows ? w_rows : w_cols;
+          auto w_ds = neuron_rows ? w_rows.t() : w_cols;  // as [d, E·s]
+          // gather: c[r] = bf16(x[tokens[r]] · block_j + bias_j)
+          auto c = torch::empty({rows, s}, torch::kBFloat16);
+          set.gather(bits(x), d, d, tok, counts, s, bits(w), neuron_rows ? 1 : e * s,
+                     neuron_rows ? d : 1, bias.data_ptr<float>(),
+                     reinterpret_cast<uint16_t*>(c.data_ptr<at::BFloat16>()));
+          std::vector<torch::Tensor> parts;
+          for (int64_t j = 0, off = 0; j < e; off += counts[j], ++j)
+            parts.push_back(block_product(gathered, w_ds, j, off) + f64(bias).narrow(0, j * s, s));
+          auto want = torch::cat(parts);
+          // within one rounding to bf16 (2^-8 of the value) plus float32 summation
+          auto err =
+              (f64(c) - want).abs() - want.abs() * std::ldexp(1.0, -8) - 1e-5 * want.abs().max();
+          EXPECT_LE(err.max().item<double>(), 0.0);
+          // scatter: y[tokens[r]] += h[r] · block_jᵀ (block_j as [s, d]), on top of what y held
+          auto y0 = torch::randn({n, d});
+          auto y = y0.clone();
+          set.scatter(bits(h), tok, counts, s, bits(w), neuron_rows ? d : 1,
+                      neuron_rows ? 1 : e * s, d, y.data_ptr<float>(), d);
+          auto want_y = f64(y0);
+          for (int64_t j = 0, off = 0; j < e; off += counts[j], ++j)
+            want_y.index_add_(
+                0, tokens.narrow(0, off, counts[j]),
+                f64(h).narrow(0, off, counts[j]).mm(f64(w_ds).narrow(1, j * s, s).t()));
+          EXPECT_LT(emoe::test::max_abs_diff(y, want_y), 1e-5 * want_y.abs().max().item<double>());
+        }
+        // weight gradient: block j of w = Σ_r x[tokens[r]]ᵀ h[r], zero for the row-less expert
+        std::vector<torch::Tensor> blocks;
+        for (int64_t j = 0, off = 0; j < e; off += counts[j], ++j)
+          blocks.push_back(
+              gathered.narrow(0, off, counts[j]).t().mm(f64(h).narrow(0, off, counts[j])));
+        auto want_wg = torch::cat(blocks, 1);
+        // [d, E·s] row-major, and (where the kernel takes strides) written as the transpose of
+        // a row-major [E·s, d]: the gradient of a neuron-rows weight in place
+        for (bool transposed : {false, true}) {
+          if (transposed && !set.any_strides) continue;
+          auto wg = transposed ? torch::full({e * s, d}, 7.0f).t() : torch::full({d, e * s}, 7.0f);
+          set.weight_grad(bits(x), d, d, tok, counts, s, bits(h), wg.data_ptr<float>(),
+                          wg.stride(0), wg.stride(1));
+          EXPECT_LT(emoe::test::max_abs_diff(wg, want_wg),
+                    1e-5 * want_wg.abs().max().item<double>());
+          EXPECT_EQ(wg.narrow(1, s, s).abs().max().item<double>(), 0.0);
+        }
+      }
     }
-    // weight gradient: block j of w = Σ_r x[tokens[r]]ᵀ h[r], zero for the row-less expert
-    auto wg = torch::full({d, e * s}, 7.0f);
-    emoe::expert_kernels::gather_weight_grad_bf16(bits(x), d, d, tok, counts, s, bits(h),
-                                                  wg.data_ptr<float>(), e * s);
-    std::vector<torch::Tensor> blocks;
-    for (int64_t j = 0, off = 0; j < e; off += counts[j], ++j)
-      blocks.push_back(gathered.narrow(0, off, counts[j]).t().mm(f64(h).narrow(0, off, counts[j])));
-    auto want_wg = torch::cat(blocks, 1);
-    EXPECT_LT(emoe::test::max_abs_diff(wg, want_wg), 1e-5 * want_wg.abs().max().item<double>());
-    EXPECT_EQ(wg.narrow(1, s, s).abs().max().item<double>(), 0.0);
-  }
 }
 
 // dispatched_expert_ffn in bfloat16 (summed in float32, as under autocast) through the bf16
 // kernels, against the library-GEMM path and the definition in float64, values and gradients.
-TEST(ExpertFfn, Bfloat16RegisterTileKernelsMatchTheLibraryPath) {
-  if (!emoe::expert_kernels_used(torch::zeros({1}, torch::kBFloat16)))
-    GTEST_SKIP() << "this CPU has no AVX-512 BF16: the bfloat16 experts use the library path here";
+TEST(ExpertFfn, Bfloat16KernelPathsMatchTheLibraryPath) {
+  const auto paths = emoe::bf16_expert_paths_available();
+  if (paths.size() < 2)
+    GTEST_SKIP() << "this CPU has neither AVX-512 BF16 nor AMX: the bfloat16 experts use the "
+                    "library path here";
   torch::manual_seed(13);
   const int64_t n = 21, d = 37;
   const std::vector<int64_t> counts = {13, 0, 3, 17, 8};
@@ -303,20 +363,20 @@ TEST(ExpertFfn, Bfloat16RegisterTileKernelsMatchTheLibraryPath) {
       auto b_in = bias ? bf(torch::randn({e * s})) : torch::Tensor();
       auto w_up = gated ? bf(torch::randn({e * s, d}) * 0.3) : torch::Tensor();
       auto weights = weighted ? bf(torch::rand({rows})) : torch::Tensor();
-      // mode 0: definition in float64; 1: bf16 kernels; 2: bf16 library path
-      auto run = [&](int mode) {
+      // mode 0: definition in float64; 1: the kernel path `path`; 2: bf16 library path
+      auto run = [&](int mode, emoe::ExpertPath path) {
         auto leaf = [&](const torch::Tensor& t) {
           return t.defined() ? (mode == 0 ? t.to(torch::kDouble) : t).clone().requires_grad_(true)
                              : torch::Tensor();
         };
         auto xx = leaf(x), wi = leaf(w_in), bi = leaf(b_in), wu = leaf(w_up), wo = leaf(w_out),
              ww = leaf(weights);
-        const bool before = emoe::set_expert_kernels(mode == 1);
+        auto before = emoe::force_bf16_expert_path(mode == 1 ? path : emoe::ExpertPath::kLibrary);
         auto y = mode == 0 ? kernels_expert_reference(xx, tokens, counts, ww, wi, bi, wu, wo, act)
                            : emoe::dispatched_expert_ffn(xx, tokens, counts, ww, wi, bi, wu, wo,
                                                          act, int64_t{16} << 20, torch::kFloat);
         (y * go.to(y.scalar_type())).sum().backward();
-        emoe::set_expert_kernels(before);
+        emoe::force_bf16_expert_path(before);
         auto grad = [](const torch::Tensor& t) {
           return t.defined() ? t.grad().to(torch::kDouble) : torch::zeros({1}, torch::kDouble);
         };
@@ -328,15 +388,20 @@ TEST(ExpertFfn, Bfloat16RegisterTileKernelsMatchTheLibraryPath) {
                                           grad(wo),
                                           grad(ww)};
       };
-      auto ref = run(0), ours = run(1), lib = run(2);
-      ASSERT_EQ(ours[0].size(1), d);
-      for (size_t i = 0; i < ref.size(); ++i) {
-        const double scale = std::max(1.0, ref[i].abs().max().item<double>());
-        EXPECT_LT(emoe::test::max_abs_diff(ours[i], ref[i]) / scale, 2e-2) << i;
-        EXPECT_LT(emoe::test::max_abs_diff(ours[i], lib[i]) / scale, 2e-2) << i;
+      auto ref = run(0, emoe::ExpertPath::kLibrary), lib = run(2, emoe::ExpertPath::kLibrary);
+      for (auto path : paths) {
+        if (path == emoe::ExpertPath::kLibrary) continue;
+        SCOPED_TRACE(emoe::to_string(path));
+        auto ours = run(1, path);
+        ASSERT_EQ(ours[0].size(1), d);
+        for (size_t i = 0; i < ref.size(); ++i) {
+          const double scale = std::max(1.0, ref[i].abs().max().item<double>());
+          EXPECT_LT(emoe::test::max_abs_diff(ours[i], ref[i]) / scale, 2e-2) << i;
+          EXPECT_LT(emoe::test::max_abs_diff(ours[i], lib[i]) / scale, 2e-2) << i;
+        }
+        EXPECT_EQ(ours[2].narrow(0, s, s).abs().max().item<double>(), 0.0);
+        EXPECT_EQ(ours[5].narrow(1, s, s).abs().max().item<double>(), 0.0);
       }
-      EXPECT_EQ(ours[2].narrow(0, s, s).abs().max().item<double>(), 0.0);
-      EXPECT_EQ(ours[5].narrow(1, s, s).abs().max().item<double>(), 0.0);
     }
   }
 }

@@ -1,11 +1,20 @@
 // Dispatched experts in one autograd function (see expert_ffn.h).
 #include "emoe/moe/expert_ffn.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 
 #include "emoe/core/error.h"
 #include "emoe/models/matmul.h"
@@ -61,14 +70,26 @@ at::Tensor opt(const at::Tensor& t) {
 
 std::atomic<bool> kernels_enabled{true};
 
-// The register-tile kernels (expert_kernels.h): float32 CPU tensors summed in float32 (AVX-512),
-// or bfloat16 ones summed in float32 (AVX-512 BF16: autocast's dispatched experts).
-enum class Kernels { kNone, kFloat, kBf16 };
+thread_local int forced_path = -1;  // an ExpertPath forced for this thread, or -1
+
+// The CPU kernels (expert_kernels.h): float32 CPU tensors summed in float32 (AVX-512 register
+// tiles), or bfloat16 ones summed in float32 (autocast's dispatched experts) on AVX-512 BF16
+// register tiles or AMX tiles, whichever bf16_expert_path() chose.
+enum class Kernels { kNone, kFloat, kBf16, kAmx };
 
 Kernels kernel_kind(const at::Tensor& x, at::ScalarType acc) {
   if (!kernels_enabled.load() || !x.device().is_cpu() || acc != at::kFloat) return Kernels::kNone;
   if (x.scalar_type() == at::kFloat && expert_kernels::available()) return Kernels::kFloat;
-  if (x.scalar_type() == at::kBFloat16 && expert_kernels::bf16_available()) return Kernels::kBf16;
+  if (x.scalar_type() == at::kBFloat16) {
+    switch (bf16_expert_path()) {
+      case ExpertPath::kAmx:  // (amx_available() also asks Linux for the tile state, once)
+        return expert_kernels::amx_available() ? Kernels::kAmx : Kernels::kNone;
+      case ExpertPath::kAvx512Bf16:
+        return expert_kernels::bf16_available() ? Kernels::kBf16 : Kernels::kNone;
+      case ExpertPath::kLibrary:
+        return Kernels::kNone;
+    }
+  }
   return Kernels::kNone;
 }
 
@@ -98,9 +119,10 @@ void gather_products(Kernels kind, const at::Tensor& x, const at::Tensor& tok,
                                 fptr(bc), out.data_ptr<float>());
   } else {
     auto b = w.contiguous();
-    expert_kernels::gather_gemm_bf16(bptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, bptr(b),
-                                     neuron_rows ? 1 : es, neuron_rows ? d : 1, fptr(bc),
-                                     bptr_mut(out));
+    auto* gemm =
+        kind == Kernels::kAmx ? expert_kernels::gather_gemm_amx : expert_kernels::gather_gemm_bf16;
+    gemm(bptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, bptr(b), neuron_rows ? 1 : es,
+         neuron_rows ? d : 1, fptr(bc), bptr_mut(out));
   }
 }
 
@@ -115,28 +137,73 @@ void scatter_products(Kernels kind, const at::Tensor& h, const at::Tensor& tok,
                                  d, d, y.data_ptr<float>(), d);
   } else {
     auto b = w.contiguous();
-    expert_kernels::scatter_gemm_bf16(bptr(h), tok.data_ptr<int64_t>(), counts, s, bptr(b),
-                                      neuron_rows ? d : 1, neuron_rows ? 1 : es, d,
-                                      y.data_ptr<float>(), d);
+    auto* gemm = kind == Kernels::kAmx ? expert_kernels::scatter_gemm_amx
+                                       : expert_kernels::scatter_gemm_bf16;
+    gemm(bptr(h), tok.data_ptr<int64_t>(), counts, s, bptr(b), neuron_rows ? d : 1,
+         neuron_rows ? 1 : es, d, y.data_ptr<float>(), d);
   }
 }
 
 // dest [d, E·s] (any dtype and strides): column block j = Σ over expert j's rows r of
-// x[tokens[r]]ᵀ h[r], summed in float32 (written in place when dest is contiguous float32)
+// x[tokens[r]]ᵀ h[r], summed in float32 (written in place when dest is contiguous float32, or
+// float32 with any strides on AMX)
 void weight_grad_products(Kernels kind, const at::Tensor& x, const at::Tensor& tok,
                           const std::vector<int64_t>& counts, int64_t s, const at::Tensor& h,
                           at::Tensor dest) {
   const int64_t d = x.size(1), es = static_cast<int64_t>(counts.size()) * s;
+  auto hc = h.contiguous();
+  if (kind == Kernels::kAmx && dest.scalar_type() == at::kFloat) {  // any strides, in place
+    expert_kernels::gather_weight_grad_amx(bptr(x), d, d, tok.data_ptr<int64_t>(), counts, s,
+                                           bptr(hc), dest.data_ptr<float>(), dest.stride(0),
+                                           dest.stride(1));
+    return;
+  }
   const bool direct = dest.scalar_type() == at::kFloat && dest.is_contiguous();
   auto t = direct ? dest : torch::empty({d, es}, x.options().dtype(at::kFloat));
-  auto hc = h.contiguous();
   if (kind == Kernels::kFloat)
     expert_kernels::gather_weight_grad(fptr(x), d, d, tok.data_ptr<int64_t>(), counts, s, fptr(hc),
                                        t.data_ptr<float>(), es);
+  else if (kind == Kernels::kAmx)
+    expert_kernels::gather_weight_grad_amx(bptr(x), d, d, tok.data_ptr<int64_t>(), counts, s,
+                                           bptr(hc), t.data_ptr<float>(), es, 1);
   else
     expert_kernels::gather_weight_grad_bf16(bptr(x), d, d, tok.data_ptr<int64_t>(), counts, s,
                                             bptr(hc), t.data_ptr<float>(), es);
   if (!direct) dest.copy_(t);
+}
+
+// [E, s]: row j the sum of expert j's rows of g [rows, s] (its segment), in float32 for reduced
+// floating types (their opmath type). On the CPU one pass over g (per-expert ATen sums with a
+// dtype change filled and copied for each call: ~10 ms per BERT-base layer); elsewhere an
+// index_add over the rows' experts.
+at::Tensor segment_row_sums(const at::Tensor& g, const std::vector<int64_t>& counts) {
+  const int64_t e = static_cast<int64_t>(counts.size()), s = g.size(1);
+  const auto out_dtype = at::toOpMathType(g.scalar_type());
+  if (!g.device().is_cpu()) {
+    auto expert_of_row = torch::arange(e, g.options().dtype(torch::kLong))
+                             .repeat_interleave(torch::tensor(counts, torch::kLong).to(g.device()));
+    return torch::zeros({e, s}, g.options().dtype(out_dtype))
+        .index_add_(0, expert_of_row, g.to(out_dtype));
+  }
+  auto gc = g.contiguous();
+  auto out = torch::zeros({e, s}, g.options().dtype(out_dtype));
+  std::vector<int64_t> first(e + 1, 0);
+  for (int64_t j = 0; j < e; ++j) first[j + 1] = first[j] + counts[j];
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gc.scalar_type(), "segment_row_sums",
+                                  [&] {
+                                    using acc_t = at::opmath_type<scalar_t>;
+                                    const scalar_t* src = gc.data_ptr<scalar_t>();
+                                    acc_t* dst = out.data_ptr<acc_t>();
+                                    at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
+                                      for (int64_t j = j0; j < j1; ++j) {
+                                        acc_t* o = dst + j * s;
+                                        for (int64_t r = first[j]; r < first[j + 1]; ++r)
+                                          for (int64_t c = 0; c < s; ++c)
+                                            o[c] += static_cast<acc_t>(src[r * s + c]);
+                                      }
+                                    });
+                                  });
+  return out;
 }
 
 // Consecutive experts whose rows are gathered and scattered together: one index_select and one
@@ -175,17 +242,32 @@ int64_t largest_group(const std::vector<ExpertGroup>& groups) {
 // them: per expert only the GEMMs remain, per group the gather and the scatter.
 class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertFfnFn> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w_in,
-                            const at::Tensor& b_in_e, const at::Tensor& w_up_e,
-                            const at::Tensor& w_out, const at::Tensor& weights_e,
-                            const at::Tensor& tokens, std::vector<int64_t> counts, int64_t act_code,
-                            int64_t group_bytes, int64_t acc_code) {
+  // Inputs in their own dtypes (float32 parameters under autocast), cast once here to the compute
+  // dtype; the gradients go back in the inputs' dtypes — the kernels' float32 weight gradients
+  // straight into float32 tensors, with no bfloat16 round trip.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_arg,
+                            const at::Tensor& w_in_arg, const at::Tensor& b_in_arg,
+                            const at::Tensor& w_up_arg, const at::Tensor& w_out_arg,
+                            const at::Tensor& weights_arg, const at::Tensor& tokens,
+                            std::vector<int64_t> counts, int64_t act_code, int64_t group_bytes,
+                            int64_t acc_code, int64_t compute_code) {
     RECORD_FUNCTION("emoe::dispatched_experts", std::vector<c10::IValue>());
+    const auto compute = static_cast<c10::ScalarType>(compute_code);
+    auto cast = [&](const at::Tensor& t) { return t.scalar_type() != compute ? t.to(compute) : t; };
+    ctx->saved_data["dtypes"] =
+        std::vector<int64_t>{static_cast<int64_t>(x_arg.scalar_type()),
+                             static_cast<int64_t>(w_in_arg.scalar_type()),
+                             static_cast<int64_t>(b_in_arg.scalar_type()),
+                             static_cast<int64_t>(w_up_arg.scalar_type()),
+                             static_cast<int64_t>(w_out_arg.scalar_type()),
+                             static_cast<int64_t>(weights_arg.scalar_type())};
+    const at::Tensor w_in = cast(w_in_arg), b_in_e = cast(b_in_arg), w_up_e = cast(w_up_arg);
+    const at::Tensor w_out = cast(w_out_arg), weights_e = cast(weights_arg);
     const auto act = static_cast<Activation>(act_code);
     const at::Tensor b_in = opt(b_in_e), w_up = opt(w_up_e), weights = opt(weights_e);
-    const int64_t n = x_in.size(0), d = x_in.size(1), e = static_cast<int64_t>(counts.size());
+    const int64_t n = x_arg.size(0), d = x_arg.size(1), e = static_cast<int64_t>(counts.size());
     const int64_t s = w_in.size(0) / e, rows = tokens.size(0);
-    auto x = x_in.contiguous();
+    auto x = cast(x_arg).contiguous();
     const auto acc = static_cast<c10::ScalarType>(acc_code);
     ctx->saved_data["counts"] = c10::IValue(counts);
     ctx->saved_data["act"] = act_code;
@@ -285,15 +367,24 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     const int64_t rows = pre.size(0);
     auto o = x.options();
     const auto acc = static_cast<c10::ScalarType>(ctx->saved_data["acc"].toInt());
+    const auto dtypes =
+        ctx->saved_data["dtypes"].toIntVector();  // x, w_in, b_in, w_up, w_out, weights
+    auto dtype = [&](int i) { return static_cast<c10::ScalarType>(dtypes[i]); };
     auto g = grads[0].to(x.scalar_type()).contiguous();
-    at::Tensor gx = need_x ? torch::zeros(x.sizes(), o.dtype(acc)) : at::Tensor();
-    at::Tensor g_w_in = need_w_in ? torch::empty(w_in.sizes(), o) : at::Tensor();
-    at::Tensor g_w_up = need_w_up ? torch::empty(w_up.sizes(), o) : at::Tensor();
-    at::Tensor g_w_out = need_w_out ? torch::empty(w_out.sizes(), o) : at::Tensor();
     const auto groups = expert_groups(counts, d * static_cast<int64_t>(x.element_size()),
                                       ctx->saved_data["group_bytes"].toInt());
     const auto kind = kernel_kind(x, acc);
     const bool kernels = kind != Kernels::kNone;
+    // the kernels write float32 weight gradients into any float32 or compute-dtype tensor; the
+    // library path writes them in the compute dtype (converted at the end)
+    auto weight_grad = [&](bool need, const at::Tensor& w, int i) {
+      return need ? torch::empty(w.sizes(), o.dtype(kernels ? dtype(i) : x.scalar_type()))
+                  : at::Tensor();
+    };
+    at::Tensor gx = need_x ? torch::zeros(x.sizes(), o.dtype(acc)) : at::Tensor();
+    at::Tensor g_w_in = weight_grad(need_w_in, w_in, 1);
+    at::Tensor g_w_up = weight_grad(need_w_up, w_up, 3);
+    at::Tensor g_w_out = weight_grad(need_w_out, w_out, 4);
     auto buf = kernels ? at::Tensor() : torch::empty({largest_group(groups), d}, o);
     // recomputed rather than kept: a = act(pre), h = a (⊙ up), hw = h (· weight)
     auto a = torch::empty({rows, s}, o);
@@ -343,12 +434,7 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     auto g_pre = torch::empty({rows, s}, o);
     activation_backward_out(g_pre, gh, pre, act);
     at::Tensor g_b_in;
-    if (need_b_in) {  // each expert's rows summed into its block
-      auto expert_of_row =
-          torch::arange(e, tokens.options())
-              .repeat_interleave(torch::tensor(counts, torch::kLong).to(tokens.device()));
-      g_b_in = torch::zeros({e, s}, o).index_add_(0, expert_of_row, g_pre).view({e * s});
-    }
+    if (need_b_in) g_b_in = segment_row_sums(g_pre, counts).view({e * s});
     // pass 2: gradients of w_in, w_up and x, expert by expert; x's rows are gathered per group
     // and each expert's input gradient replaces its (used) input rows in the buffer
     if (kernels) {
@@ -387,13 +473,136 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
       }
       if (need_x) gx.index_add_(0, idx, xg.scalar_type() == acc ? xg : xg.to(acc));
     }
-    if (gx.defined() && gx.scalar_type() != x.scalar_type()) gx = gx.to(x.scalar_type());
-    return {gx,           g_w_in,       g_b_in,       g_w_up,       g_w_out,     g_weights,
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    auto back = [&](const at::Tensor& t, int i) {
+      return t.defined() && t.scalar_type() != dtype(i) ? t.to(dtype(i)) : t;
+    };
+    return {back(gx, 0),      back(g_w_in, 1),    back(g_b_in, 2), back(g_w_up, 3),
+            back(g_w_out, 4), back(g_weights, 5), at::Tensor(),    at::Tensor(),
+            at::Tensor(),     at::Tensor(),       at::Tensor(),    at::Tensor()};
   }
 };
 
+struct PathChoice {
+  ExpertPath path = ExpertPath::kLibrary;
+  std::string report;
+};
+
+// One bfloat16 forward and backward of BERT-base's FFN at N 64, k 16 over 512 tokens, on the
+// calling thread's forced path: the shape the paths are compared at.
+double time_bf16_path(ExpertPath path) {
+  const int64_t n = 512, d = 768, e = 64, s = 48, k = 16;
+  auto prev = force_bf16_expert_path(path);
+  torch::AutoGradMode grad_mode(true);
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(
+      c10::DispatchKeySet({c10::DispatchKey::AutocastCPU, c10::DispatchKey::AutocastCUDA}));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1234);
+  auto param = [&](std::vector<int64_t> shape, double scale) {
+    return (at::randn(shape, gen, torch::TensorOptions()) * scale)
+        .to(torch::kBFloat16)
+        .requires_grad_(true);
+  };
+  auto x = param({n, d}, 1.0), w_in = param({e * s, d}, 0.03), b_in = param({e * s}, 0.02);
+  auto w_out = param({d, e * s}, 0.03);
+  // k distinct experts per token, rows sorted by expert
+  auto experts = at::rand({n, e}, gen, torch::TensorOptions())
+                     .argsort(/*dim=*/1, /*descending=*/false)
+                     .narrow(1, 0, k);
+  auto flat = experts.reshape({-1});
+  auto order = flat.argsort(/*dim=*/0, /*descending=*/false);
+  auto tokens = torch::arange(n).repeat_interleave(k).index_select(0, order);
+  at::Tensor counts_t = at::bincount(flat, c10::optional<at::Tensor>(), e);
+  std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + e);
+  double best = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto y = dispatched_expert_ffn(x, tokens, counts, at::Tensor(), w_in, b_in, at::Tensor(), w_out,
+                                   Activation::kGeluErf, int64_t{16} << 20, at::kFloat);
+    auto grads = torch::autograd::grad(torch::autograd::variable_list{y.sum()},
+                                       torch::autograd::variable_list{x, w_in, b_in, w_out});
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best = std::min(best, t);  // rep 0: the warm-up
+  }
+  force_bf16_expert_path(prev);
+  return best;
+}
+
+PathChoice choose_bf16_path() {
+  const auto available = bf16_expert_paths_available();
+  PathChoice c;
+  const char* env = std::getenv("EMOE_EXPERT_KERNELS");
+  const std::string want = env ? env : "";
+  if (!want.empty() && want != "auto") {
+    std::vector<std::string> names;
+    for (auto p : available) {
+      names.push_back(to_string(p));
+      if (want == to_string(p)) c.path = p;
+    }
+    EMOE_CHECK(want == to_string(c.path), UsageError,
+               "EMOE_EXPERT_KERNELS: expected auto or a path this CPU has ({}), got '{}'",
+               fmt::join(names, ", "), want);
+    c.report = fmt::format("{} (EMOE_EXPERT_KERNELS)", want);
+    return c;
+  }
+  if (available.size() == 1) {
+    c.report = "library (no AVX-512 BF16 or AMX kernels on this CPU)";
+    return c;
+  }
+  std::vector<std::string> parts;
+  double best = 1e30;
+  for (auto it = available.rbegin(); it != available.rend(); ++it) {  // amx first
+    const double t = time_bf16_path(*it);
+    parts.push_back(fmt::format("{} {:.1f} ms", to_string(*it), t * 1e3));
+    if (t < best) best = t, c.path = *it;
+  }
+  c.report = fmt::format("{} (measured: {})", to_string(c.path), fmt::join(parts, ", "));
+  return c;
+}
+
+const PathChoice& bf16_path_choice() {
+  static const PathChoice choice = [] {
+    auto c = choose_bf16_path();
+    spdlog::debug("bfloat16 dispatched experts: {}", c.report);
+    return c;
+  }();
+  return choice;
+}
+
 }  // namespace
+
+const char* to_string(ExpertPath path) {
+  switch (path) {
+    case ExpertPath::kAmx:
+      return "amx";
+    case ExpertPath::kAvx512Bf16:
+      return "avx512-bf16";
+    case ExpertPath::kLibrary:
+      return "library";
+  }
+  return "library";
+}
+
+std::vector<ExpertPath> bf16_expert_paths_available() {
+  std::vector<ExpertPath> paths = {ExpertPath::kLibrary};
+  if (expert_kernels::bf16_available()) paths.push_back(ExpertPath::kAvx512Bf16);
+  if (expert_kernels::amx_available()) paths.push_back(ExpertPath::kAmx);
+  return paths;
+}
+
+ExpertPath bf16_expert_path() {
+  if (forced_path >= 0) return static_cast<ExpertPath>(forced_path);
+  return bf16_path_choice().path;
+}
+
+std::string bf16_expert_path_report() {
+  return bf16_path_choice().report;
+}
+
+c10::optional<ExpertPath> force_bf16_expert_path(c10::optional<ExpertPath> path) {
+  c10::optional<ExpertPath> prev;
+  if (forced_path >= 0) prev = static_cast<ExpertPath>(forced_path);
+  forced_path = path ? static_cast<int>(*path) : -1;
+  return prev;
+}
 
 bool set_expert_kernels(bool enabled) {
   return kernels_enabled.exchange(enabled);
@@ -407,7 +616,8 @@ at::Tensor dispatched_expert_ffn(const at::Tensor& x, const at::Tensor& tokens,
                                  const std::vector<int64_t>& counts, const at::Tensor& weights,
                                  const at::Tensor& w_in, const at::Tensor& b_in,
                                  const at::Tensor& w_up, const at::Tensor& w_out, Activation act,
-                                 int64_t group_bytes, c10::optional<at::ScalarType> accumulate) {
+                                 int64_t group_bytes, c10::optional<at::ScalarType> accumulate,
+                                 c10::optional<at::ScalarType> compute) {
   EMOE_CHECK(x.dim() == 2 && w_in.dim() == 2 && w_out.dim() == 2, UsageError,
              "dispatched_expert_ffn: expected 2-d x, w_in and w_out");
   EMOE_CHECK(
@@ -419,13 +629,15 @@ at::Tensor dispatched_expert_ffn(const at::Tensor& x, const at::Tensor& tokens,
   for (auto c : counts) rows += c;
   EMOE_CHECK(rows == tokens.size(0) && (!weights.defined() || weights.numel() == rows), UsageError,
              "dispatched_expert_ffn: segments cover {} rows, tokens has {}", rows, tokens.size(0));
+  // the bfloat16 path is measured once, here rather than inside the autograd function
+  const auto comp = compute.value_or(x.scalar_type());
+  if (x.device().is_cpu() && comp == at::kBFloat16) (void)bf16_expert_path();
   auto empty = torch::empty({0}, x.options());
-  if (rows == 0)
-    return torch::zeros(x.sizes(), x.options().dtype(accumulate.value_or(x.scalar_type())));
+  if (rows == 0) return torch::zeros(x.sizes(), x.options().dtype(accumulate.value_or(comp)));
   return DispatchedExpertFfnFn::apply(
       x, w_in, b_in.defined() ? b_in : empty, w_up.defined() ? w_up : empty, w_out,
       weights.defined() ? weights.reshape({-1}) : empty, tokens, counts, static_cast<int64_t>(act),
-      group_bytes, static_cast<int64_t>(accumulate.value_or(x.scalar_type())));
+      group_bytes, static_cast<int64_t>(accumulate.value_or(comp)), static_cast<int64_t>(comp));
 }
 
 }  // namespace emoe

@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <string>
 #include <vector>
 
 #include "emoe/models/activation.h"
@@ -23,16 +24,40 @@ namespace emoe {
 // where the rows are grouped by expert (`counts[j]` rows for expert j, in order), W_in,j is rows
 // j·s..(j+1)·s of w_in [N·s, d] (and of w_up, b_in), W_out,j columns j·s..(j+1)·s of
 // w_out [d, N·s]; b_in, w_up and weights may be undefined (no bias, not gated, unit weights).
-// Differentiable in x, w_in, b_in, w_up, w_out and weights. All tensors in one dtype, the
-// compute dtype; no autocast inside (the caller casts). `accumulate` (default: that dtype) is
-// the output's dtype, in which the experts' contributions to a token are summed — float32 for
-// bfloat16 experts, as autocast's composed path does.
+// Differentiable in x, w_in, b_in, w_up, w_out and weights. The experts compute in `compute`
+// (default: x's dtype; no autocast inside): the inputs are cast to it once inside, and each
+// gradient comes back in its input's dtype — under autocast the float32 parameters go in as they
+// are, and the CPU kernels' float32 weight gradients come out without a bfloat16 round trip.
+// `accumulate` (default: the compute dtype) is the output's dtype, in which the experts'
+// contributions to a token are summed — float32 for bfloat16 experts, as autocast's composed
+// path does.
 at::Tensor dispatched_expert_ffn(const at::Tensor& x, const at::Tensor& tokens,
                                  const std::vector<int64_t>& counts, const at::Tensor& weights,
                                  const at::Tensor& w_in, const at::Tensor& b_in,
                                  const at::Tensor& w_up, const at::Tensor& w_out, Activation act,
                                  int64_t group_bytes = int64_t{16} << 20,
-                                 c10::optional<at::ScalarType> accumulate = c10::nullopt);
+                                 c10::optional<at::ScalarType> accumulate = c10::nullopt,
+                                 c10::optional<at::ScalarType> compute = c10::nullopt);
+
+// How bfloat16 dispatched experts compute on the CPU: AMX tiles, AVX-512 BF16 register tiles, or
+// library GEMMs per expert (oneDNN through gemm_out), all summed in float32.
+enum class ExpertPath { kLibrary, kAvx512Bf16, kAmx };
+const char* to_string(ExpertPath path);  // "library", "avx512-bf16", "amx"
+
+// The bfloat16 path on this CPU, chosen once per process: EMOE_EXPERT_KERNELS (amx, avx512-bf16
+// or library; auto or unset: measure) when set, else the fastest of the paths this CPU has, timed
+// at BERT-base's shape (d 768, 64 experts of 48 neurons, top 16, 512 tokens, forward and
+// backward; the best of three after a warm-up each; ~0.3 s once). A value naming a path this CPU
+// lacks, or no path, throws UsageError naming the variable.
+ExpertPath bf16_expert_path();
+// The choice and how it was made: "amx (measured: amx 4.1 ms, avx512-bf16 9.3 ms, library
+// 12.0 ms)" or "library (EMOE_EXPERT_KERNELS)".
+std::string bf16_expert_path_report();
+// The paths this CPU can run (library always).
+std::vector<ExpertPath> bf16_expert_paths_available();
+// Forces the path for the calling thread (tests compare paths; nullopt: back to the process's
+// choice). Returns the previous forced value.
+c10::optional<ExpertPath> force_bf16_expert_path(c10::optional<ExpertPath> path);
 
 // Whether CPU experts may use the register-tile kernels (default: yes); tests and benchmarks
 // switch them off to compare with the library-GEMM path. Returns the previous setting.

@@ -9,7 +9,12 @@
 #include <cstring>
 #include <memory>
 
+#include "emoe/moe/expert_kernels_detail.h"
+
 namespace emoe::expert_kernels {
+
+using detail::pack_pairs;
+using detail::parallel_by_cost;
 
 namespace {
 
@@ -154,25 +159,6 @@ Chunk column_chunk(int64_t width) {
   return {static_cast<int>(nv), tail_mask(width - 16 * (nv - 1))};
 }
 
-// Runs work items [0, n) with costs `cost(i)` on the intra-op threads, each thread one contiguous
-// run of about equal cost.
-template <class Cost, class Body>
-void parallel_by_cost(int64_t n, const Cost& cost, const Body& body) {
-  if (n == 0) return;
-  std::vector<double> prefix(static_cast<size_t>(n) + 1, 0.0);
-  for (int64_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + cost(i);
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
-  auto bound = [&](int64_t t) {  // first item of thread t's run
-    if (t >= threads) return n;
-    const double target = prefix[n] * static_cast<double>(t) / static_cast<double>(threads);
-    return static_cast<int64_t>(std::lower_bound(prefix.begin(), prefix.end(), target) -
-                                prefix.begin());
-  };
-  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) body(std::min(bound(t), n), std::min(bound(t + 1), n));
-  });
-}
-
 struct RowTile {
   int64_t expert, row, rows;
 };
@@ -201,39 +187,6 @@ inline uint32_t load_pair(const uint16_t* p) {
   uint32_t v;
   std::memcpy(&v, p, sizeof v);
   return v;
-}
-
-// out[p][c] = S(2p, c) | S(2p + 1, c) << 16 with S(kk, c) = b[kk·stride_k + c·stride_n] (zero
-// past K), for p < ceil(K/2), c < n; out row stride ldo.
-void pack_pairs(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k, int64_t stride_n,
-                uint32_t* out, int64_t ldo) {
-  RECORD_FUNCTION("emoe::pack_pairs", std::vector<c10::IValue>());
-  const int64_t pairs = (k + 1) / 2;
-  if (stride_k == 1) {  // pairs contiguous in b: a transpose of 32-bit words, in 16 x 16 blocks
-    at::parallel_for(0, (n + 15) / 16, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t cb = b0; cb < b1; ++cb)
-        for (int64_t p0 = 0; p0 < pairs; p0 += 16)
-          for (int64_t c = cb * 16; c < std::min(n, cb * 16 + 16); ++c) {
-            const uint16_t* col = b + c * stride_n;
-            for (int64_t p = p0; p < std::min(pairs, p0 + 16); ++p)
-              out[p * ldo + c] = 2 * p + 1 < k ? load_pair(col + 2 * p) : col[2 * p];
-          }
-    });
-    return;
-  }
-  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const uint16_t* lo = b + 2 * p * stride_k;
-      const uint16_t* hi = 2 * p + 1 < k ? lo + stride_k : nullptr;
-      uint32_t* o = out + p * ldo;
-      if (stride_n == 1 && hi) {
-        for (int64_t c = 0; c < n; ++c) o[c] = uint32_t{lo[c]} | uint32_t{hi[c]} << 16;
-      } else {
-        for (int64_t c = 0; c < n; ++c)
-          o[c] = uint32_t{lo[c * stride_n]} | (hi ? uint32_t{hi[c * stride_n]} << 16 : 0u);
-      }
-    }
-  });
 }
 
 // acc[i][:] += a_at(i) ⊙ row[:] (bf16 pairs) for R rows and NV vectors (the last one masked).
@@ -552,5 +505,42 @@ void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const in
         }
       });
 }
+
+namespace detail {
+
+// out[p][c] = S(2p, c) | S(2p + 1, c) << 16 with S(kk, c) = b[kk·stride_k + c·stride_n] (zero
+// past K), for p < ceil(K/2), c < n; out row stride ldo.
+void pack_pairs(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k, int64_t stride_n,
+                uint32_t* out, int64_t ldo) {
+  RECORD_FUNCTION("emoe::pack_pairs", std::vector<c10::IValue>());
+  const int64_t pairs = (k + 1) / 2;
+  if (stride_k == 1) {  // pairs contiguous in b: a transpose of 32-bit words, in 16 x 16 blocks
+    at::parallel_for(0, (n + 15) / 16, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t cb = b0; cb < b1; ++cb)
+        for (int64_t p0 = 0; p0 < pairs; p0 += 16)
+          for (int64_t c = cb * 16; c < std::min(n, cb * 16 + 16); ++c) {
+            const uint16_t* col = b + c * stride_n;
+            for (int64_t p = p0; p < std::min(pairs, p0 + 16); ++p)
+              out[p * ldo + c] = 2 * p + 1 < k ? load_pair(col + 2 * p) : col[2 * p];
+          }
+    });
+    return;
+  }
+  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint16_t* lo = b + 2 * p * stride_k;
+      const uint16_t* hi = 2 * p + 1 < k ? lo + stride_k : nullptr;
+      uint32_t* o = out + p * ldo;
+      if (stride_n == 1 && hi) {
+        for (int64_t c = 0; c < n; ++c) o[c] = uint32_t{lo[c]} | uint32_t{hi[c]} << 16;
+      } else {
+        for (int64_t c = 0; c < n; ++c)
+          o[c] = uint32_t{lo[c * stride_n]} | (hi ? uint32_t{hi[c * stride_n]} << 16 : 0u);
+      }
+    }
+  });
+}
+
+}  // namespace detail
 
 }  // namespace emoe::expert_kernels

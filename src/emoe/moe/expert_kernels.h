@@ -62,4 +62,26 @@ void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const in
                              const std::vector<int64_t>& counts, int64_t s, const uint16_t* h,
                              float* w, int64_t ldw);
 
+// bfloat16 on AMX tiles (amx_bf16: tdpbf16ps, 16 x 16 float32 accumulators over 16 x 32 bf16
+// operands): the same three products with the same arguments and layouts as the *_bf16 kernels
+// above, products exact and summed in float32. A tile of 16 routed rows is gathered into a small
+// buffer (AMX loads rows at one stride) and the weights are packed per call into the pairs the
+// instruction takes, zero-padded to whole tiles. True only where the CPU has AMX and the kernel
+// (Linux) granted this process the tile state.
+bool amx_available();
+
+void gather_gemm_amx(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
+                     const std::vector<int64_t>& counts, int64_t s, const uint16_t* b, int64_t b_k,
+                     int64_t b_c, const float* bias, uint16_t* c);
+
+void scatter_gemm_amx(const uint16_t* h, const int64_t* tokens, const std::vector<int64_t>& counts,
+                      int64_t s, const uint16_t* b, int64_t b_k, int64_t b_c, int64_t n, float* y,
+                      int64_t ldy);
+
+// (the weight gradient at any strides: element (kk, j·s + c) at w[kk·w_k + (j·s + c)·w_c], so
+// that the gradient of a [E·s, d] weight is written in place, w_k 1, w_c d)
+void gather_weight_grad_amx(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
+                            const std::vector<int64_t>& counts, int64_t s, const uint16_t* h,
+                            float* w, int64_t w_k, int64_t w_c);
+
 }  // namespace emoe::expert_kernels

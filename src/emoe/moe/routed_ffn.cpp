@@ -158,7 +158,8 @@ torch::Tensor ExpertFfnImpl::compute_dispatched(const torch::Tensor& x, const Ro
   std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + e);
   // One autograd function over groups of experts in small buffers (expert_ffn.h): no n·k x d
   // copies of the inputs or outputs. Under autocast the experts compute in its dtype (inputs and
-  // weights cast once here, autocast off inside) and the output is summed in x's dtype. Only
+  // weights cast once inside, their gradients returned in their own dtypes, autocast off inside)
+  // and the output is summed in x's dtype. Only
   // pre-activation dropout needs the composed path below.
   if (!(cfg_.preact_dropout > 0 && is_training())) {
     const bool cuda = x.device().is_cuda();
@@ -166,15 +167,11 @@ torch::Tensor ExpertFfnImpl::compute_dispatched(const torch::Tensor& x, const Ro
     const auto compute = autocast ? (cuda ? at::autocast::get_autocast_gpu_dtype()
                                           : at::autocast::get_autocast_cpu_dtype())
                                   : x.scalar_type();
-    auto cast = [&](const torch::Tensor& t) {
-      return t.defined() && t.scalar_type() != compute ? t.to(compute) : t;
-    };
     c10::impl::ExcludeDispatchKeyGuard no_autocast(
         c10::DispatchKeySet({c10::DispatchKey::AutocastCPU, c10::DispatchKey::AutocastCUDA}));
-    auto out = dispatched_expert_ffn(cast(x), tokens, counts,
-                                     cast(weights.defined() ? weights.squeeze(1) : torch::Tensor()),
-                                     cast(v.w_in), cast(v.b_in), cast(v.w_up), cast(v.w_out), v.act,
-                                     int64_t{16} << 20, x.scalar_type());
+    auto out = dispatched_expert_ffn(
+        x, tokens, counts, weights.defined() ? weights.squeeze(1) : torch::Tensor(), v.w_in, v.b_in,
+        v.w_up, v.w_out, v.act, int64_t{16} << 20, x.scalar_type(), compute);
     if (v.b_out.defined()) out = out + v.b_out.to(out.scalar_type());
     return out;
   }

@@ -1,0 +1,412 @@
+// AMX tile kernels for bfloat16 dispatched experts (see expert_kernels.h).
+//
+// Why: on a CPU with AMX, oneDNN's dense bfloat16 products run on the tile unit (~1.7 TFLOP/s
+// on two Sapphire Rapids cores) and the AVX-512 BF16 register tiles cannot follow (dispatched
+// experts measured 1.41x the dense step there). One micro-kernel serves all three products: an
+// accumulator of 16 rows x 16..64 float32 columns (1..4 tiles) summed over steps of 32 bf16 along
+// the summed dimension, the left operand a 16 x 32 tile at one row stride, the right one a
+// 16 pairs x 16 tile of packed pairs (pack_pairs' layout, zero-padded to whole tiles).
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "emoe/moe/expert_kernels.h"
+#include "emoe/moe/expert_kernels_detail.h"
+
+namespace emoe::expert_kernels {
+
+namespace amx_tiles {
+
+#define EMOE_AMX \
+  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+
+constexpr int64_t kRows = 16;     // rows of a tile
+constexpr int64_t kStep = 32;     // bf16 of the summed dimension per tile step (16 pairs)
+constexpr int64_t kCols = 16;     // float32 columns of an accumulator tile
+constexpr int64_t kPanel = 64;    // columns of the micro-kernel's accumulators (4 tiles)
+constexpr int64_t kBlock = 32;    // rows of the micro-kernel's accumulators (2 tiles)
+
+int64_t round_up(int64_t v, int64_t m) {
+  return (v + m - 1) / m * m;
+}
+
+// The 64-byte operand of ldtilecfg: palette 1, every tile 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+EMOE_AMX void configure_tiles() {
+  TileConfig cfg;
+  for (int i = 0; i < 8; ++i) {
+    cfg.colsb[i] = 64;
+    cfg.rows[i] = kRows;
+  }
+  // GCC 12's _tile_loadconfig names only the first 8 bytes as its memory operand, so the
+  // compiler dropped the stores of the tile shapes before it: the whole struct is the operand.
+  __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+EMOE_AMX void release_tiles() {
+  _tile_release();
+}
+
+// Tile state for the calling thread's parallel region: configured on entry, released on exit.
+struct TileScope {
+  TileScope() { configure_tiles(); }
+  ~TileScope() { release_tiles(); }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
+
+// c[16, 0:16·NT] = Σ over `steps` of a[:, 32·t : 32·t + 32] · b[16·t : 16·t + 16, 0:16·NT]:
+// a bf16 with row stride lda (elements), b packed pairs with row stride ldb (32-bit words), c
+// float32 with row stride ldc. Tiles 0..3 accumulate, 4 holds a, 5..7 b.
+template <int NT>
+EMOE_AMX void tile_gemm(const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                        int64_t steps, float* c, int64_t ldc) {
+  const int64_t sa = lda * 2, sb = ldb * 4, sc = ldc * 4;
+  _tile_zero(0);
+  if constexpr (NT > 1) _tile_zero(1);
+  if constexpr (NT > 2) _tile_zero(2);
+  if constexpr (NT > 3) _tile_zero(3);
+  for (int64_t t = 0; t < steps; ++t) {
+    const uint32_t* bt = b + t * 16 * ldb;
+    _tile_loadd(4, a + t * kStep, sa);
+    _tile_loadd(5, bt, sb);
+    _tile_dpbf16ps(0, 4, 5);
+    if constexpr (NT > 1) {
+      _tile_loadd(6, bt + 16, sb);
+      _tile_dpbf16ps(1, 4, 6);
+    }
+    if constexpr (NT > 2) {
+      _tile_loadd(7, bt + 32, sb);
+      _tile_dpbf16ps(2, 4, 7);
+    }
+    if constexpr (NT > 3) {
+      _tile_loadd(5, bt + 48, sb);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  _tile_stored(0, c, sc);
+  if constexpr (NT > 1) _tile_stored(1, c + 16, sc);
+  if constexpr (NT > 2) _tile_stored(2, c + 32, sc);
+  if constexpr (NT > 3) _tile_stored(3, c + 48, sc);
+}
+
+// c[32, 0:16·NT] for 32 rows of a (two tiles, rows 0-15 and 16-31) against NT (1 or 2) column
+// tiles of b: each b tile loaded once for both row tiles. Tiles 0..3 accumulate (row tile i,
+// column tile n in tile 2i + n), 4 and 5 hold a, 6 and 7 b.
+template <int NT>
+EMOE_AMX void tile_gemm_32(const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                           int64_t steps, float* c, int64_t ldc) {
+  const int64_t sa = lda * 2, sb = ldb * 4, sc = ldc * 4;
+  _tile_zero(0);
+  _tile_zero(2);
+  if constexpr (NT > 1) {
+    _tile_zero(1);
+    _tile_zero(3);
+  }
+  for (int64_t t = 0; t < steps; ++t) {
+    const uint32_t* bt = b + t * 16 * ldb;
+    _tile_loadd(4, a + t * kStep, sa);
+    _tile_loadd(5, a + 16 * lda + t * kStep, sa);
+    _tile_loadd(6, bt, sb);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(2, 5, 6);
+    if constexpr (NT > 1) {
+      _tile_loadd(7, bt + 16, sb);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, sc);
+  _tile_stored(2, c + 16 * ldc, sc);
+  if constexpr (NT > 1) {
+    _tile_stored(1, c + 16, sc);
+    _tile_stored(3, c + 16 * ldc + 16, sc);
+  }
+}
+
+using TileGemm = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t, int64_t, float*,
+                          int64_t);
+const TileGemm kTileGemm16[4] = {tile_gemm<1>, tile_gemm<2>, tile_gemm<3>, tile_gemm<4>};
+const TileGemm kTileGemm32[2] = {tile_gemm_32<1>, tile_gemm_32<2>};
+
+// c[0:rows, 0:width] (row stride kPanel) = a[0:rows] · b over `steps`, for rows <= 32 and
+// width <= 64: 32 rows two column tiles at a time (a's tiles reloaded per pair, each b tile
+// serving both row tiles), 16 rows up to four column tiles at once. a must hold 32 readable rows
+// when rows > 16 (the rows past `rows` are computed and ignored).
+void panel_gemm(const uint16_t* a, int64_t lda, int64_t rows, const uint32_t* b, int64_t ldb,
+                int64_t steps, int64_t width, float* c) {
+  const int64_t tiles = (width + kCols - 1) / kCols;
+  if (rows <= kRows) {
+    kTileGemm16[tiles - 1](a, lda, b, ldb, steps, c, kPanel);
+    return;
+  }
+  for (int64_t n = 0; n < tiles; n += 2)
+    kTileGemm32[std::min<int64_t>(2, tiles - n) - 1](a, lda, b + n * kCols, ldb, steps,
+                                                     c + n * kCols, kPanel);
+}
+
+__mmask16 lanes(int64_t n) {  // the first n (0..16) lanes
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// out[0:n] = bf16(acc[0:n] + bias[0:n]) (bias may be null)
+EMOE_AMX void store_bf16(const float* acc, const float* bias, int64_t n, uint16_t* out) {
+  for (int64_t c = 0; c < n; c += 16) {
+    const __mmask16 m = lanes(n - c);
+    __m512 v = _mm512_maskz_loadu_ps(m, acc + c);
+    if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + c));
+    _mm256_mask_storeu_epi16(out + c, m, (__m256i)_mm512_cvtneps_pbh(v));
+  }
+}
+
+// y[0:n] += acc[0:n]
+EMOE_AMX void add_into(const float* acc, int64_t n, float* y) {
+  for (int64_t c = 0; c < n; c += 16) {
+    const __mmask16 m = lanes(n - c);
+    _mm512_mask_storeu_ps(y + c, m,
+                          _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + c),
+                                        _mm512_maskz_loadu_ps(m, acc + c)));
+  }
+}
+
+// out[p][0:n] = x[t0][0:n] | x[t1][0:n] << 16 (t1's half zero when absent): two routed rows'
+// features interleaved into the pairs of one step
+EMOE_AMX void interleave_pair(const uint16_t* lo, const uint16_t* hi, int64_t n, uint32_t* out) {
+  for (int64_t c = 0; c < n; c += 16) {
+    const __mmask16 m = lanes(n - c);
+    const __m512i a = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + c));
+    const __m512i b = hi ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, hi + c))
+                         : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi32(out + c, m, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+  }
+}
+
+// Expert j's weights packed for the tiles: pack_pairs of its k x n block into a [kp/2, np]
+// panel (row stride np words), zero in the padding rows and columns.
+void pack_panel(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k, int64_t stride_n,
+                int64_t kp, int64_t np, uint32_t* out) {
+  detail::pack_pairs(b, k, n, stride_k, stride_n, out, np);
+  const int64_t pairs = (k + 1) / 2;
+  if (np > n)
+    for (int64_t p = 0; p < pairs; ++p) std::memset(out + p * np + n, 0, (np - n) * 4);
+  if (kp / 2 > pairs) std::memset(out + pairs * np, 0, (kp / 2 - pairs) * np * 4);
+}
+
+template <class T>
+std::unique_ptr<T[]> buffer(int64_t n) {
+  return std::unique_ptr<T[]>(new T[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+}
+
+struct RowTile {
+  int64_t expert, row, rows;
+};
+
+std::vector<RowTile> row_tiles(const std::vector<int64_t>& counts) {
+  std::vector<RowTile> tiles;
+  int64_t row = 0;
+  for (int64_t j = 0; j < static_cast<int64_t>(counts.size()); ++j) {
+    for (int64_t r = 0; r < counts[j]; r += kBlock)
+      tiles.push_back({j, row + r, std::min<int64_t>(kBlock, counts[j] - r)});
+    row += counts[j];
+  }
+  return tiles;
+}
+
+}  // namespace amx_tiles
+
+bool amx_available() {
+  static const bool ok = [] {
+    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16")))
+      return false;
+    // CPUID leaf 7: EDX bit 22 amx_bf16, bit 24 amx_tile
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    if (!((d >> 22) & 1u) || !((d >> 24) & 1u)) return false;
+    // Linux hands the tile state (XTILEDATA, feature 18) to a process only on request
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+void gather_gemm_amx(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
+                     const std::vector<int64_t>& counts, int64_t s, const uint16_t* b, int64_t b_k,
+                     int64_t b_c, const float* bias, uint16_t* c) {
+  using namespace amx_tiles;
+  RECORD_FUNCTION("emoe::expert_gather_gemm_amx", std::vector<c10::IValue>());
+  const int64_t e = static_cast<int64_t>(counts.size()), kp = round_up(k, kStep);
+  const int64_t sp = round_up(s, kCols), panel = kp / 2 * sp;
+  auto packed = buffer<uint32_t>(e * panel);  // expert j's [kp/2, sp] pairs at j·panel
+  at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j)
+      pack_panel(b + j * s * b_c, k, s, b_k, b_c, kp, sp, packed.get() + j * panel);
+  });
+  const auto tiles = row_tiles(counts);
+  detail::parallel_by_cost(
+      static_cast<int64_t>(tiles.size()),
+      [&](int64_t i) { return static_cast<double>(tiles[i].rows); },
+      [&](int64_t t0, int64_t t1) {
+        TileScope scope;
+        auto a = buffer<uint16_t>(kBlock * kp);  // the block's token rows, zero past k
+        std::memset(a.get(), 0, kBlock * kp * 2);
+        alignas(64) float acc[kBlock * kPanel];
+        for (int64_t t = t0; t < t1; ++t) {
+          const auto& tile = tiles[t];
+          for (int64_t i = 0; i < tile.rows; ++i)
+            std::memcpy(a.get() + i * kp, x + tokens[tile.row + i] * ldx, k * 2);
+          const uint32_t* bj = packed.get() + tile.expert * panel;
+          for (int64_t c0 = 0; c0 < s; c0 += kPanel) {
+            const int64_t width = std::min(kPanel, s - c0);
+            panel_gemm(a.get(), kp, tile.rows, bj + c0, sp, kp / kStep, width, acc);
+            for (int64_t i = 0; i < tile.rows; ++i)
+              store_bf16(acc + i * kPanel, bias ? bias + tile.expert * s + c0 : nullptr, width,
+                         c + (tile.row + i) * s + c0);
+          }
+        }
+      });
+}
+
+void scatter_gemm_amx(const uint16_t* h, const int64_t* tokens, const std::vector<int64_t>& counts,
+                      int64_t s, const uint16_t* b, int64_t b_k, int64_t b_c, int64_t n, float* y,
+                      int64_t ldy) {
+  using namespace amx_tiles;
+  RECORD_FUNCTION("emoe::expert_scatter_gemm_amx", std::vector<c10::IValue>());
+  const int64_t e = static_cast<int64_t>(counts.size()), kp = round_up(s, kStep);
+  const int64_t np = round_up(n, kCols), panel = kp / 2 * np;
+  auto packed = buffer<uint32_t>(e * panel);  // expert j's [kp/2, np] pairs at j·panel
+  at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j)
+      pack_panel(b + j * s * b_k, s, n, b_k, b_c, kp, np, packed.get() + j * panel);
+  });
+  // h's rows padded to whole steps (zero past s), and a block of spare rows: the micro-kernel
+  // reads 32 rows at a time
+  int64_t rows = 0;
+  for (auto m : counts) rows += m;
+  auto hp = buffer<uint16_t>((rows + kBlock) * kp);
+  at::parallel_for(0, rows + kBlock, 256, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      uint16_t* dst = hp.get() + r * kp;
+      const int64_t used = r < rows ? s : 0;
+      if (used) std::memcpy(dst, h + r * s, s * 2);
+      std::memset(dst + used, 0, (kp - used) * 2);
+    }
+  });
+  // Threads own column ranges of y (whole tiles), so no two write the same element and each
+  // element sums its experts' terms in expert order whatever the thread count. Each thread runs
+  // its range 64 columns at a time through all experts: that slice of y stays in cache.
+  const int64_t col_tiles = np / kCols;
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), col_tiles));
+  const int64_t span = (col_tiles + threads - 1) / threads * kCols;
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    TileScope scope;
+    alignas(64) float acc[kBlock * kPanel];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t lo = t * span, hi = std::min(n, lo + span);
+      for (int64_t c0 = lo; c0 < hi; c0 += kPanel) {
+        const int64_t width = std::min(kPanel, hi - c0);
+        int64_t row = 0;
+        for (int64_t j = 0; j < e; row += counts[j], ++j) {
+          const uint32_t* bj = packed.get() + j * panel + c0;
+          for (int64_t r = 0; r < counts[j]; r += kBlock) {
+            const int64_t block = std::min<int64_t>(kBlock, counts[j] - r);
+            panel_gemm(hp.get() + (row + r) * kp, kp, block, bj, np, kp / kStep, width, acc);
+            for (int64_t i = 0; i < block; ++i)
+              add_into(acc + i * kPanel, width, y + tokens[row + r + i] * ldy + c0);
+          }
+        }
+      }
+    }
+  });
+}
+
+void gather_weight_grad_amx(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
+                            const std::vector<int64_t>& counts, int64_t s, const uint16_t* h,
+                            float* w, int64_t w_k, int64_t w_c) {
+  using namespace amx_tiles;
+  RECORD_FUNCTION("emoe::expert_weight_grad_amx", std::vector<c10::IValue>());
+  // Computed transposed, w_jᵀ [s, k] = h_jᵀ [s, m] · x_j [m, k]: the left operand is h_jᵀ (a
+  // small transpose per expert), the right one pairs of routed rows of x interleaved (contiguous
+  // reads), and each accumulator tile is written back transposed.
+  const int64_t e = static_cast<int64_t>(counts.size()), sp = round_up(s, kBlock);
+  std::vector<int64_t> first(e + 1, 0), mp(e, 0), offset(e + 1, 0);
+  for (int64_t j = 0; j < e; ++j) {
+    first[j + 1] = first[j] + counts[j];
+    mp[j] = round_up(counts[j], kStep);
+    offset[j + 1] = offset[j] + sp * mp[j];
+  }
+  auto ht = buffer<uint16_t>(offset[e]);  // expert j's h_jᵀ [sp, mp_j] at offset[j], zero-padded
+  at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      uint16_t* t = ht.get() + offset[j];
+      std::memset(t, 0, sp * mp[j] * 2);
+      const uint16_t* hj = h + first[j] * s;
+      for (int64_t r = 0; r < counts[j]; ++r)
+        for (int64_t c = 0; c < s; ++c) t[c * mp[j] + r] = hj[r * s + c];
+    }
+  });
+  struct Tile {
+    int64_t expert, k0;
+  };
+  std::vector<Tile> tiles;
+  for (int64_t j = 0; j < e; ++j)
+    for (int64_t k0 = 0; k0 < k; k0 += kPanel) tiles.push_back({j, k0});
+  int64_t most = 0;
+  for (auto m : mp) most = std::max(most, m);
+  detail::parallel_by_cost(
+      static_cast<int64_t>(tiles.size()),
+      [&](int64_t i) { return 1.0 + static_cast<double>(counts[tiles[i].expert]); },
+      [&](int64_t t0, int64_t t1) {
+        TileScope scope;
+        auto bx = buffer<uint32_t>(most / 2 * kPanel);  // pairs of routed rows, 64 features
+        alignas(64) float acc[kBlock * kPanel];
+        for (int64_t t = t0; t < t1; ++t) {
+          const auto& tile = tiles[t];
+          const int64_t j = tile.expert, m = counts[j], width = std::min(kPanel, k - tile.k0);
+          if (m == 0) {
+            for (int64_t kk = 0; kk < width; ++kk)
+              for (int64_t c = 0; c < s; ++c) w[(tile.k0 + kk) * w_k + (j * s + c) * w_c] = 0.0f;
+            continue;
+          }
+          const int64_t* tok = tokens + first[j];
+          for (int64_t p = 0; p < mp[j] / 2; ++p) {
+            uint32_t* out = bx.get() + p * kPanel;
+            if (2 * p >= m) {
+              std::memset(out, 0, kPanel * 4);
+              continue;
+            }
+            interleave_pair(x + tok[2 * p] * ldx + tile.k0,
+                            2 * p + 1 < m ? x + tok[2 * p + 1] * ldx + tile.k0 : nullptr, width,
+                            out);
+          }
+          for (int64_t c0 = 0; c0 < s; c0 += kBlock) {
+            const int64_t cs = std::min(kBlock, s - c0);
+            panel_gemm(ht.get() + offset[j] + c0 * mp[j], mp[j], cs, bx.get(), kPanel,
+                       mp[j] / kStep, width, acc);
+            float* dst = w + tile.k0 * w_k + (j * s + c0) * w_c;
+            if (w_k == 1) {  // rows of the gradient of a [E·s, d] weight: as computed
+              for (int64_t c = 0; c < cs; ++c)
+                std::memcpy(dst + c * w_c, acc + c * kPanel, width * 4);
+            } else {  // written transposed
+              for (int64_t kk = 0; kk < width; ++kk)
+                for (int64_t c = 0; c < cs; ++c) dst[kk * w_k + c * w_c] = acc[c * kPanel + kk];
+            }
+          }
+        }
+      });
+}
+
+}  // namespace emoe::expert_kernels
