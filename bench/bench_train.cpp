@@ -27,6 +27,7 @@
 #include "emoe/io/atomic_file.h"
 #include "emoe/models/loader.h"
 #include "emoe/moe/convert.h"
+#include "emoe/moe/expert_ffn.h"
 #include "emoe/train/method.h"
 #include "emoe/train/method_table.h"
 #include "emoe/train/optim.h"
@@ -294,6 +295,13 @@ int run(const Args& a) {
   std::vector<std::string> precisions = a.precision == "both"
                                             ? std::vector<std::string>{"fp32", "bf16"}
                                             : std::vector<std::string>{a.precision};
+  // the bfloat16 experts' path, measured once here and handed to every child (unless the
+  // caller chose one), so that all rows of the table ran the same kernels
+  std::string expert_path;
+  if (a.device == "cpu") {
+    expert_path = emoe::bf16_expert_path_report();
+    setenv("EMOE_EXPERT_KERNELS", emoe::to_string(emoe::bf16_expert_path()), /*overwrite=*/0);
+  }
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& model : split_list(a.models)) {
     model_shape(model, a);  // unknown names fail before any measuring
@@ -319,8 +327,15 @@ int run(const Args& a) {
                                    "FLOP/cycle): float32 {:.0f} GFLOP/s ({}), bfloat16 {:.0f} "
                                    "GFLOP/s ({}).\n\n",
                                    cpu.mhz, isa_peak.fp32_gflops, isa_peak.fp32_basis,
-                                   isa_peak.bf16_gflops, isa_peak.bf16_basis)
+                                   isa_peak.bf16_gflops, isa_peak.bf16_basis) +
+                           (peak32 > isa_peak.fp32_gflops || peak16 > isa_peak.bf16_gflops
+                                ? "A measured peak above it means the cores ran faster than "
+                                  "the clock read (turbo): MFU stays against the measured "
+                                  "peak.\n\n"
+                                : std::string())
                      : std::string())
+     << (expert_path.empty() ? std::string()
+                             : fmt::format("bfloat16 dispatched experts: {}.\n\n", expert_path))
      << "| model | method | precision | params (M) | trainable (M) | train step (s) | vs full | "
         "MoE step / dense step | train tokens/s | MFU | inference tokens/s | peak tensor memory "
         "(MiB) | vs full | "

@@ -12,6 +12,7 @@
 #include "emoe/methods/model_folder.h"
 #include "emoe/models/matmul.h"
 #include "emoe/moe/convert.h"
+#include "emoe/moe/expert_ffn.h"
 #include "emoe/moe/expert_kernels.h"
 #include "emoe/tokenizer/tokenizer.h"
 #include "emoe/train/memory.h"
@@ -44,9 +45,15 @@ void run_system(const InfoArgs& a) {
   const std::string experts32 = expert_kernels::available()
                                     ? "emoe's AVX-512 gather/scatter kernels"
                                     : "library GEMMs per expert (no AVX-512)";
-  const std::string experts16 = expert_kernels::bf16_available()
-                                    ? "emoe's AVX-512 BF16 gather/scatter kernels"
-                                    : "library GEMMs per expert (no AVX-512 BF16)";
+  // the bfloat16 path is chosen by measuring each path this CPU has (expert_ffn.h)
+  std::string experts16 = std::string(to_string(bf16_expert_path()));
+  if (experts16 == "amx")
+    experts16 = "emoe's AMX tile kernels";
+  else if (experts16 == "avx512-bf16")
+    experts16 = "emoe's AVX-512 BF16 gather/scatter kernels";
+  else
+    experts16 = "library GEMMs per expert";
+  experts16 += fmt::format(" — {}", bf16_expert_path_report());
   nlohmann::json j = {{"cpu", cpu.model},
                       {"logical_cores", cpu.cores},
                       {"clock_mhz", cpu.mhz},
@@ -56,6 +63,7 @@ void run_system(const InfoArgs& a) {
                       {"float32_products", matmul_backend_name()},
                       {"dispatched_experts_float32", experts32},
                       {"dispatched_experts_bfloat16", experts16},
+                      {"dispatched_experts_bfloat16_path", to_string(bf16_expert_path())},
                       {"theoretical_peak_gflops",
                        {{"float32", peak.fp32_gflops},
                         {"bfloat16", peak.bf16_gflops},

@@ -1,4 +1,5 @@
 // `emoe info --system`: this machine as the kernels see it, text and JSON.
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "support/test_support.h"
@@ -20,4 +21,31 @@ TEST(InfoSystem, DescribesTheMachineAndRefusesAModelFolderWithIt) {
   auto none = emoe::test::run_emoe("info");
   EXPECT_EQ(none.exit_code, 2);
   EXPECT_NE(none.err.find("MODEL_DIR: required"), std::string::npos) << none.err;
+}
+
+// The bfloat16 experts' path: measured by default (one of the paths this CPU has), the one
+// EMOE_EXPERT_KERNELS names when set, and a clear error (exit 2) for a value it cannot run.
+TEST(InfoSystem, NamesTheBfloat16ExpertPathAndHonoursEmoeExpertKernels) {
+  ::unsetenv("EMOE_EXPERT_KERNELS");
+  auto j = emoe::test::run_emoe("info --system --json");
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  const auto path = nlohmann::json::parse(j.out)["dispatched_experts_bfloat16_path"];
+  EXPECT_TRUE(path == "amx" || path == "avx512-bf16" || path == "library") << path;
+  // how it was chosen: measured among several paths, or the only one this CPU has
+  const auto how = nlohmann::json::parse(j.out)["dispatched_experts_bfloat16"].get<std::string>();
+  EXPECT_TRUE(how.find("(measured: ") != std::string::npos ||
+              how.find("no AVX-512 BF16 or AMX kernels on this CPU") != std::string::npos)
+      << how;
+  ::setenv("EMOE_EXPERT_KERNELS", "library", 1);
+  auto lib = emoe::test::run_emoe("info --system --json");
+  ::setenv("EMOE_EXPERT_KERNELS", "tpu", 1);
+  auto bad = emoe::test::run_emoe("info --system");
+  ::unsetenv("EMOE_EXPERT_KERNELS");
+  ASSERT_EQ(lib.exit_code, 0) << lib.err;
+  EXPECT_EQ(nlohmann::json::parse(lib.out)["dispatched_experts_bfloat16_path"], "library");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("EMOE_EXPERT_KERNELS: expected auto or a path this CPU has"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_NE(bad.err.find("got 'tpu'"), std::string::npos) << bad.err;
 }

@@ -316,8 +316,9 @@ int64_t onednn_product_count() {
 std::string matmul_backend_name() {
 #ifdef EMOE_HAVE_ONEDNN
   if (onednn_isa_ok())
-    return has_isa(dnnl::cpu_isa::avx512_core_bf16) ? "onednn (avx512_core, bf16)"
-                                                    : "onednn (avx512_core)";
+    return has_isa(dnnl::cpu_isa::avx512_core_amx)    ? "onednn (avx512_core, bf16 on amx)"
+           : has_isa(dnnl::cpu_isa::avx512_core_bf16) ? "onednn (avx512_core, bf16)"
+                                                      : "onednn (avx512_core)";
 #endif
   return "aten (OpenBLAS)";
 }

@@ -23,14 +23,13 @@ namespace emoe::expert_kernels {
 
 namespace amx_tiles {
 
-#define EMOE_AMX \
-  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+#define EMOE_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
 
-constexpr int64_t kRows = 16;     // rows of a tile
-constexpr int64_t kStep = 32;     // bf16 of the summed dimension per tile step (16 pairs)
-constexpr int64_t kCols = 16;     // float32 columns of an accumulator tile
-constexpr int64_t kPanel = 64;    // columns of the micro-kernel's accumulators (4 tiles)
-constexpr int64_t kBlock = 32;    // rows of the micro-kernel's accumulators (2 tiles)
+constexpr int64_t kRows = 16;   // rows of a tile
+constexpr int64_t kStep = 32;   // bf16 of the summed dimension per tile step (16 pairs)
+constexpr int64_t kCols = 16;   // float32 columns of an accumulator tile
+constexpr int64_t kPanel = 64;  // columns of the micro-kernel's accumulators (4 tiles)
+constexpr int64_t kBlock = 32;  // rows of the micro-kernel's accumulators (2 tiles)
 
 int64_t round_up(int64_t v, int64_t m) {
   return (v + m - 1) / m * m;
@@ -176,9 +175,24 @@ EMOE_AMX void store_bf16(const float* acc, const float* bias, int64_t n, uint16_
 EMOE_AMX void add_into(const float* acc, int64_t n, float* y) {
   for (int64_t c = 0; c < n; c += 16) {
     const __mmask16 m = lanes(n - c);
-    _mm512_mask_storeu_ps(y + c, m,
-                          _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + c),
-                                        _mm512_maskz_loadu_ps(m, acc + c)));
+    _mm512_mask_storeu_ps(
+        y + c, m,
+        _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + c), _mm512_maskz_loadu_ps(m, acc + c)));
+  }
+}
+
+// dst[kk·ld + c] = acc[c·kPanel + kk] for c < rows (<= 32), kk < width: each accumulator column
+// gathered into a row of dst
+EMOE_AMX void store_columns(const float* acc, int64_t rows, int64_t width, float* dst, int64_t ld) {
+  const __m512i index =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(static_cast<int>(kPanel)));
+  for (int64_t c0 = 0; c0 < rows; c0 += 16) {
+    const __mmask16 m = lanes(rows - c0);
+    const float* col = acc + c0 * kPanel;
+    for (int64_t kk = 0; kk < width; ++kk)
+      _mm512_mask_storeu_ps(dst + kk * ld + c0, m,
+                            _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, index, col + kk, 4));
   }
 }
 
@@ -188,8 +202,8 @@ EMOE_AMX void interleave_pair(const uint16_t* lo, const uint16_t* hi, int64_t n,
   for (int64_t c = 0; c < n; c += 16) {
     const __mmask16 m = lanes(n - c);
     const __m512i a = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + c));
-    const __m512i b = hi ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, hi + c))
-                         : _mm512_setzero_si512();
+    const __m512i b =
+        hi ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, hi + c)) : _mm512_setzero_si512();
     _mm512_mask_storeu_epi32(out + c, m, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
   }
 }
@@ -358,12 +372,15 @@ void gather_weight_grad_amx(const uint16_t* x, int64_t ldx, int64_t k, const int
         for (int64_t c = 0; c < s; ++c) t[c * mp[j] + r] = hj[r * s + c];
     }
   });
+  // Work items: an expert and a chunk of 256 input features, whose routed rows are interleaved
+  // once (contiguous 512-byte reads) for the four accumulator panels of the chunk.
+  constexpr int64_t kChunk = 4 * kPanel;
   struct Tile {
     int64_t expert, k0;
   };
   std::vector<Tile> tiles;
   for (int64_t j = 0; j < e; ++j)
-    for (int64_t k0 = 0; k0 < k; k0 += kPanel) tiles.push_back({j, k0});
+    for (int64_t k0 = 0; k0 < k; k0 += kChunk) tiles.push_back({j, k0});
   int64_t most = 0;
   for (auto m : mp) most = std::max(most, m);
   detail::parallel_by_cost(
@@ -371,38 +388,43 @@ void gather_weight_grad_amx(const uint16_t* x, int64_t ldx, int64_t k, const int
       [&](int64_t i) { return 1.0 + static_cast<double>(counts[tiles[i].expert]); },
       [&](int64_t t0, int64_t t1) {
         TileScope scope;
-        auto bx = buffer<uint32_t>(most / 2 * kPanel);  // pairs of routed rows, 64 features
+        auto bx = buffer<uint32_t>(most / 2 * kChunk);  // pairs of routed rows, 256 features
         alignas(64) float acc[kBlock * kPanel];
         for (int64_t t = t0; t < t1; ++t) {
           const auto& tile = tiles[t];
-          const int64_t j = tile.expert, m = counts[j], width = std::min(kPanel, k - tile.k0);
+          const int64_t j = tile.expert, m = counts[j], chunk = std::min(kChunk, k - tile.k0);
           if (m == 0) {
-            for (int64_t kk = 0; kk < width; ++kk)
+            for (int64_t kk = 0; kk < chunk; ++kk)
               for (int64_t c = 0; c < s; ++c) w[(tile.k0 + kk) * w_k + (j * s + c) * w_c] = 0.0f;
             continue;
           }
           const int64_t* tok = tokens + first[j];
           for (int64_t p = 0; p < mp[j] / 2; ++p) {
-            uint32_t* out = bx.get() + p * kPanel;
+            uint32_t* out = bx.get() + p * kChunk;
             if (2 * p >= m) {
-              std::memset(out, 0, kPanel * 4);
+              std::memset(out, 0, kChunk * 4);
               continue;
             }
             interleave_pair(x + tok[2 * p] * ldx + tile.k0,
-                            2 * p + 1 < m ? x + tok[2 * p + 1] * ldx + tile.k0 : nullptr, width,
+                            2 * p + 1 < m ? x + tok[2 * p + 1] * ldx + tile.k0 : nullptr, chunk,
                             out);
           }
-          for (int64_t c0 = 0; c0 < s; c0 += kBlock) {
-            const int64_t cs = std::min(kBlock, s - c0);
-            panel_gemm(ht.get() + offset[j] + c0 * mp[j], mp[j], cs, bx.get(), kPanel,
-                       mp[j] / kStep, width, acc);
-            float* dst = w + tile.k0 * w_k + (j * s + c0) * w_c;
-            if (w_k == 1) {  // rows of the gradient of a [E·s, d] weight: as computed
-              for (int64_t c = 0; c < cs; ++c)
-                std::memcpy(dst + c * w_c, acc + c * kPanel, width * 4);
-            } else {  // written transposed
-              for (int64_t kk = 0; kk < width; ++kk)
-                for (int64_t c = 0; c < cs; ++c) dst[kk * w_k + c * w_c] = acc[c * kPanel + kk];
+          for (int64_t p0 = 0; p0 < chunk; p0 += kPanel) {
+            const int64_t width = std::min(kPanel, chunk - p0);
+            for (int64_t c0 = 0; c0 < s; c0 += kBlock) {
+              const int64_t cs = std::min(kBlock, s - c0);
+              panel_gemm(ht.get() + offset[j] + c0 * mp[j], mp[j], cs, bx.get() + p0, kChunk,
+                         mp[j] / kStep, width, acc);
+              float* dst = w + (tile.k0 + p0) * w_k + (j * s + c0) * w_c;
+              if (w_k == 1) {  // rows of the gradient of a [E·s, d] weight: as computed
+                for (int64_t c = 0; c < cs; ++c)
+                  std::memcpy(dst + c * w_c, acc + c * kPanel, width * 4);
+              } else if (w_c == 1) {  // [d, E·s] rows: the accumulators' columns
+                store_columns(acc, cs, width, dst, w_k);
+              } else {
+                for (int64_t kk = 0; kk < width; ++kk)
+                  for (int64_t c = 0; c < cs; ++c) dst[kk * w_k + c * w_c] = acc[c * kPanel + kk];
+              }
             }
           }
         }
