@@ -712,6 +712,8 @@ TEST(Matmul, OneDnnProductsMatchAtenInValuesAndGradients) {
   torch::manual_seed(3);
   if (!emoe::onednn_matmul_enabled(torch::zeros({1})))
     GTEST_SKIP() << "float32 products use ATen here: " << emoe::matmul_backend_name();
+  // oneDNN for every float32 product here (by default a large one may be measured faster in ATen)
+  const auto setting = emoe::set_float32_gemm(emoe::Float32Gemm::kOneDnn);
   const int64_t before = emoe::onednn_product_count();
   auto close = [](const torch::Tensor& a, const torch::Tensor& b) {
     return emoe::test::max_abs_diff(a, b) <= 1e-4 * (1.0 + b.abs().max().item<double>());
@@ -799,6 +801,44 @@ TEST(Matmul, OneDnnProductsMatchAtenInValuesAndGradients) {
   }
   if (emoe::matmul_backend_name().find("bf16") != std::string::npos)
     EXPECT_EQ(emoe::onednn_product_count(), before_bf16 + 3);
+  emoe::set_float32_gemm(setting);
+}
+
+// Float32Gemm::kMeasured: a 2-D float32 product past 16M multiply-adds is timed in oneDNN and ATen
+// on first sight of its shape (once: a second product of that shape is not measured again), a
+// product that accumulates is never measured, small ones never are, and every result is the
+// product, whichever library computed it.
+TEST(Matmul, Float32ProductsMeasuredOncePerShapeGiveTheProduct) {
+  if (!emoe::onednn_matmul_enabled(torch::zeros({1})))
+    GTEST_SKIP() << "float32 products use ATen here: " << emoe::matmul_backend_name();
+  torch::manual_seed(5);
+  const auto setting = emoe::set_float32_gemm(emoe::Float32Gemm::kMeasured);
+  auto close = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return emoe::test::max_abs_diff(a, b) <= 1e-4 * (1.0 + b.abs().max().item<double>());
+  };
+  const auto start = emoe::float32_gemm_measurements().first;
+  // an odd shape of its own, so no other test measured it first: 515 x 263 x 129 (17.5M)
+  auto a = torch::randn({515, 263}), b = torch::randn({263, 129}), bias = torch::randn({129});
+  auto out = torch::empty({515, 129});
+  emoe::gemm_out(out, a, b, bias);
+  EXPECT_TRUE(close(out, torch::addmm(bias, a, b)));
+  EXPECT_EQ(emoe::float32_gemm_measurements().first, start + 1);
+  auto a2 = torch::randn({515, 263});
+  emoe::gemm_out(out, a2, b, bias);  // the same shape: the choice is reused
+  EXPECT_TRUE(close(out, torch::addmm(bias, a2, b)));
+  EXPECT_EQ(emoe::float32_gemm_measurements().first, start + 1);
+  auto acc = torch::randn({517, 129}), expect = acc + torch::randn({517, 263}).mm(b);
+  auto a3 = torch::randn({517, 263});
+  expect = acc + a3.mm(b);
+  emoe::gemm_out(acc, a3, b, {}, /*accumulate=*/true);  // a new shape, but accumulating
+  EXPECT_TRUE(close(acc, expect));
+  auto small = torch::empty({64, 64});
+  auto sa = torch::randn({64, 64}), sb = torch::randn({64, 64});
+  emoe::gemm_out(small, sa, sb);
+  EXPECT_TRUE(close(small, sa.mm(sb)));
+  EXPECT_EQ(emoe::float32_gemm_measurements().first, start + 1);
+  EXPECT_NE(emoe::matmul_backend_name().find("whichever measured faster"), std::string::npos);
+  emoe::set_float32_gemm(setting);
 }
 
 TEST(ChunkedLmLoss, MatchesCrossEntropyOfTheLogitsInValueAndGradients) {

@@ -6,7 +6,9 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -180,6 +182,92 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
   return true;
 }
 
+// --- float32: oneDNN or ATen, measured per shape -------------------------------------------
+// Which library is faster for a float32 product depends on the CPU and the shape: on an AMD EPYC
+// (Zen 4) Debian's OpenBLAS runs its AVX2 kernels and oneDNN is ~1.8x faster; on an Intel Xeon
+// with AMX OpenBLAS's AVX-512 kernels reach 360 GFLOP/s where oneDNN takes 2048 x 768 x 3072 at
+// 150. So each 2-D float32 product large enough to matter is timed once in both (twice each,
+// the best kept) and later products of that shape use the faster; ATen must win by 15 % (a close
+// call stays with oneDNN, so that runs repeat their choices and their rounding).
+std::atomic<int> float32_gemm_setting{-1};  // Float32Gemm, or -1: from EMOE_GEMM on first use
+
+Float32Gemm float32_gemm() {
+  int v = float32_gemm_setting.load();
+  if (v < 0) {
+    const char* env = std::getenv("EMOE_GEMM");
+    const std::string e = env ? env : "";
+    v = static_cast<int>(e == "aten"     ? Float32Gemm::kAten
+                         : e == "onednn" ? Float32Gemm::kOneDnn
+                                         : Float32Gemm::kMeasured);
+    float32_gemm_setting.store(v);
+  }
+  return static_cast<Float32Gemm>(v);
+}
+
+struct GemmChoices {
+  std::mutex mutex;
+  std::unordered_map<std::string, bool> aten;  // by shape and layout: ATen measured faster
+  int64_t measured = 0, chose_aten = 0;
+};
+
+GemmChoices& gemm_choices() {
+  static GemmChoices c;
+  return c;
+}
+
+constexpr double kMeasureMacs = 16.0 * 1024 * 1024;  // smaller products: oneDNN, unmeasured
+
+void fallback_gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                       const at::Tensor& bias, bool accumulate);
+
+// True when this float32 product should go to ATen; measures the shape on first sight (when the
+// call does not accumulate: a measured product overwrites `out`, and leaves the winner's result).
+bool prefer_aten(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                 const at::Tensor& bias, bool accumulate) {
+  const auto setting = float32_gemm();
+  if (setting != Float32Gemm::kMeasured) return setting == Float32Gemm::kAten;
+  if (a.dim() != 2 || static_cast<double>(a.size(0)) * static_cast<double>(a.size(1)) *
+                              static_cast<double>(b.size(1)) <
+                          kMeasureMacs)
+    return false;
+  std::string key;
+  key.reserve(96);
+  append_key(key, a.sizes());
+  append_key(key, a.strides());
+  append_key(key, b.strides());
+  append_key(key, out.strides());
+  key += bias.defined() ? 'b' : '-';
+  auto& c = gemm_choices();
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto it = c.aten.find(key);
+    if (it != c.aten.end()) return it->second;
+  }
+  if (accumulate) return false;
+  auto timed = [](const std::function<bool()>& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool ok = f();
+    return ok ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() : -1.0;
+  };
+  auto one = [&] { return onednn_matmul(out, a, b, bias, false, false); };
+  auto aten = [&] {
+    fallback_gemm_out(out, a, b, bias, false);
+    return true;
+  };
+  if (!one()) return false;  // (creates the primitive) no oneDNN kernel: nothing to compare
+  double t_one = timed(one), t_aten = timed(aten);
+  t_one = std::min(t_one, timed(one));
+  t_aten = std::min(t_aten, timed(aten));
+  const bool use_aten = t_aten < 0.85 * t_one;
+  if (!use_aten) one();  // the winner's result in out
+  std::lock_guard<std::mutex> lock(c.mutex);
+  if (c.aten.size() >= 4096) c.aten.clear();
+  c.aten.emplace(key, use_aten);
+  ++c.measured;
+  if (use_aten) ++c.chose_aten;
+  return use_aten;
+}
+
 // Each matrix of t is row- or column-major (what oneDNN takes without a copy).
 bool plain_matrices(const at::Tensor& t) {
   const auto n = t.dim();
@@ -309,16 +397,36 @@ bool onednn_matmul_enabled(const at::Tensor& t) {
 #endif
 }
 
+Float32Gemm set_float32_gemm(Float32Gemm choice) {
+  const auto prev = float32_gemm();
+  float32_gemm_setting.store(static_cast<int>(choice));
+  return prev;
+}
+
+std::pair<int64_t, int64_t> float32_gemm_measurements() {
+  auto& c = gemm_choices();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return {c.measured, c.chose_aten};
+}
+
 int64_t onednn_product_count() {
   return onednn_products.load();
 }
 
 std::string matmul_backend_name() {
 #ifdef EMOE_HAVE_ONEDNN
-  if (onednn_isa_ok())
-    return has_isa(dnnl::cpu_isa::avx512_core_amx)    ? "onednn (avx512_core, bf16 on amx)"
-           : has_isa(dnnl::cpu_isa::avx512_core_bf16) ? "onednn (avx512_core, bf16)"
-                                                      : "onednn (avx512_core)";
+  if (onednn_isa_ok()) {
+    std::string name = has_isa(dnnl::cpu_isa::avx512_core_amx) ? "onednn (avx512_core, bf16 on amx)"
+                       : has_isa(dnnl::cpu_isa::avx512_core_bf16) ? "onednn (avx512_core, bf16)"
+                                                                  : "onednn (avx512_core)";
+    if (float32_gemm() == Float32Gemm::kMeasured)
+      name +=
+          "; float32 products of a 2-D shape past 16M multiply-adds: oneDNN or ATen "
+          "(OpenBLAS), whichever measured faster for that shape";
+    else if (float32_gemm() == Float32Gemm::kAten)
+      name = "aten (OpenBLAS; EMOE_GEMM=aten)";
+    return name;
+  }
 #endif
   return "aten (OpenBLAS)";
 }
@@ -350,7 +458,9 @@ void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                           (!bias.defined() || bias.scalar_type() == a.scalar_type() ||
                            bias.scalar_type() == at::kFloat);
   if (same_dtype && onednn_dtype_ok(a) && b.device().is_cpu() && out.device().is_cpu() &&
-      plain_matrices(out)) {
+      plain_matrices(out) &&
+      !(a.scalar_type() == at::kFloat && !shapes_vary &&
+        prefer_aten(out, a, b, bias.defined() ? bias.contiguous() : bias, accumulate))) {
     const auto pa = plain_matrices(a) ? a : a.contiguous();
     const auto pb = plain_matrices(b) ? b : b.contiguous();
     const auto pbias = bias.defined() ? bias.contiguous() : bias;

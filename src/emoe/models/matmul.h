@@ -12,15 +12,27 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace emoe {
 
-// True when a float32 product of CPU tensors like `t` goes through oneDNN: built with oneDNN,
-// the CPU has AVX-512 (avx512_core), no autocast is active, and EMOE_GEMM is not "aten".
+// True when a float32 product of CPU tensors like `t` goes through emoe's products: built with
+// oneDNN, the CPU has AVX-512 (avx512_core), no autocast is active, and EMOE_GEMM is not "aten"
+// (each product then runs on oneDNN or, per shape, on ATen: Float32Gemm below).
 bool onednn_matmul_enabled(const at::Tensor& t);
 // "onednn (avx512_core[, bf16])" or "aten (OpenBLAS)": what float32 CPU products use in this
 // process (", bf16": gemm_out's bfloat16 products too).
 std::string matmul_backend_name();
+
+// Which library computes float32 CPU products where oneDNN is used (EMOE_GEMM: "onednn", "aten",
+// or unset/"auto": measured). kMeasured: each 2-D product of a shape past 16M multiply-adds is
+// timed once in both on first sight, and later products of that shape use the faster (ATen only
+// when faster by 15 %); smaller, batched and varying-size products stay with oneDNN.
+enum class Float32Gemm { kMeasured, kOneDnn, kAten };
+// Sets it for the process (tests); returns the previous setting.
+Float32Gemm set_float32_gemm(Float32Gemm choice);
+// Shapes measured so far, and how many of them chose ATen.
+std::pair<int64_t, int64_t> float32_gemm_measurements();
 
 // How many products oneDNN has computed in this process (tests check the path was taken).
 int64_t onednn_product_count();

@@ -561,7 +561,7 @@ PathChoice choose_bf16_path() {
 const PathChoice& bf16_path_choice() {
   static const PathChoice choice = [] {
     auto c = choose_bf16_path();
-    spdlog::debug("bfloat16 dispatched experts: {}", c.report);
+    spdlog::info("bfloat16 dispatched experts: {}", c.report);
     return c;
   }();
   return choice;
