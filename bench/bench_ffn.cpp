@@ -117,24 +117,19 @@ int main(int argc, char** argv) {
             << emoe::to_string(precision) << ", " << device_text << ", "
             << emoe::configure_threads(0) << " threads\n";
   // the dispatched experts' paths this CPU has, each timed in the same loop: float32 the
-  // register tiles or the library GEMMs; bfloat16 each of bf16_expert_paths_available()
+  // register tiles or the library GEMMs; bfloat16 also the AVX-512 BF16 and AMX tiles
   struct Path {
     std::string name;
     std::function<void()> select, restore;
   };
   std::vector<Path> paths;
-  if (precision == emoe::Precision::kBf16Mixed && device.is_cpu()) {
-    for (auto p : emoe::bf16_expert_paths_available())
-      paths.push_back({emoe::to_string(p), [p] { emoe::force_bf16_expert_path(p); },
-                       [] { emoe::force_bf16_expert_path(c10::nullopt); }});
-    std::cout << "bfloat16 dispatched experts by default: " << emoe::bf16_expert_path_report()
-              << "\n";
-  } else {
-    paths.push_back({"library", [] { emoe::set_expert_kernels(false); },
-                     [] { emoe::set_expert_kernels(true); }});
-    if (emoe::expert_kernels_used(torch::zeros({1}, torch::TensorOptions().device(device))))
-      paths.push_back({"avx512", [] {}, [] {}});
-  }
+  const auto dtype = precision == emoe::Precision::kBf16Mixed ? at::kBFloat16 : at::kFloat;
+  if (device.is_cpu())
+    for (auto p : emoe::expert_paths_available(dtype))
+      paths.push_back({emoe::to_string(p), [p] { emoe::force_expert_path(p); },
+                       [] { emoe::force_expert_path(c10::nullopt); }});
+  else
+    paths.push_back({"library", [] {}, [] {}});
   std::string head = "| N | k/N | dense (ms) | masked (ms) |", rule = "|---|---|---|---|";
   for (const auto& p : paths) {
     head += fmt::format(" dispatched {} (ms) |", p.name);
@@ -186,5 +181,7 @@ int main(int argc, char** argv) {
       std::cout << row << "\n";
     }
   }
+  for (const auto& line : emoe::expert_path_reports())
+    std::cout << "default path for " << line << "\n";
   return 0;
 }

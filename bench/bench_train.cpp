@@ -15,6 +15,7 @@
 //   bench_train --single MODEL METHOD PRECISION [--profile trace.json]: one measurement in this
 //   process; --profile also writes one step's autograd profile (scripts/profile_summary.py).
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "bench_common.h"
@@ -264,7 +265,8 @@ void measure_one(const Args& a) {
     j["moe"] = {{"experts", cost.moe_config.experts},
                 {"topk", cost.moe_config.topk},
                 {"layers", cost.moe_layers},
-                {"execution", emoe::to_string(cost.moe_config.execution)}};
+                {"execution", emoe::to_string(cost.moe_config.execution)},
+                {"expert_paths", emoe::expert_path_reports()}};
   std::cout << "BENCH " << j.dump() << std::endl;
 }
 
@@ -295,13 +297,6 @@ int run(const Args& a) {
   std::vector<std::string> precisions = a.precision == "both"
                                             ? std::vector<std::string>{"fp32", "bf16"}
                                             : std::vector<std::string>{a.precision};
-  // the bfloat16 experts' path, measured once here and handed to every child (unless the
-  // caller chose one), so that all rows of the table ran the same kernels
-  std::string expert_path;
-  if (a.device == "cpu") {
-    expert_path = emoe::bf16_expert_path_report();
-    setenv("EMOE_EXPERT_KERNELS", emoe::to_string(emoe::bf16_expert_path()), /*overwrite=*/0);
-  }
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& model : split_list(a.models)) {
     model_shape(model, a);  // unknown names fail before any measuring
@@ -334,8 +329,7 @@ int run(const Args& a) {
                                   "peak.\n\n"
                                 : std::string())
                      : std::string())
-     << (expert_path.empty() ? std::string()
-                             : fmt::format("bfloat16 dispatched experts: {}.\n\n", expert_path))
+
      << "| model | method | precision | params (M) | trainable (M) | train step (s) | vs full | "
         "MoE step / dense step | train tokens/s | MFU | inference tokens/s | peak tensor memory "
         "(MiB) | vs full | "
@@ -373,6 +367,17 @@ int run(const Args& a) {
         r["inference_tokens_per_s"].get<double>(), tensors,
         full_tensors > 0 ? fmt_ratio(tensors / full_tensors) : "-", mem,
         full_mem > 0 ? fmt_ratio(mem / full_mem) : "-");
+  }
+  // which kernels each dispatched row's experts ran on (chosen per shape by measurement)
+  std::set<std::string> paths;
+  for (const auto& r : rows)
+    if (r.contains("moe") && r["moe"].contains("expert_paths"))
+      for (const auto& line : r["moe"]["expert_paths"])
+        paths.insert(fmt::format("{} ({}): {}", r["model"].get<std::string>(),
+                                 r["precision"].get<std::string>(), line.get<std::string>()));
+  if (!paths.empty()) {
+    md << "\nDispatched experts' kernels, chosen per shape by measurement in each row's process:\n";
+    for (const auto& p : paths) md << "- " << p << "\n";
   }
   std::cout << md.str();
   nlohmann::json doc = {{"threads", threads},

@@ -42,18 +42,21 @@ void run_system(const InfoArgs& a) {
   const CpuInfo cpu = read_cpu_info();
   const TheoreticalPeak peak = theoretical_peak(cpu);
   const int threads = configure_threads(0);
-  const std::string experts32 = expert_kernels::available()
-                                    ? "emoe's AVX-512 gather/scatter kernels"
-                                    : "library GEMMs per expert (no AVX-512)";
-  // the bfloat16 path is chosen by measuring each path this CPU has (expert_ffn.h)
-  std::string experts16 = std::string(to_string(bf16_expert_path()));
-  if (experts16 == "amx")
-    experts16 = "emoe's AMX tile kernels";
-  else if (experts16 == "avx512-bf16")
-    experts16 = "emoe's AVX-512 BF16 gather/scatter kernels";
-  else
-    experts16 = "library GEMMs per expert";
-  experts16 += fmt::format(" — {}", bf16_expert_path_report());
+  // each dtype's path is chosen by measuring the paths this CPU has, per shape (expert_ffn.h):
+  // here at BERT-base's (64 experts of 48 x 768)
+  auto describe = [](at::ScalarType dtype) {
+    const auto shape = bert_base_expert_shape(dtype);
+    const ExpertPath path = expert_path(shape);
+    const char* what = path == ExpertPath::kAmx ? "emoe's AMX tile kernels"
+                       : path == ExpertPath::kAvx512Bf16
+                           ? "emoe's AVX-512 BF16 gather/scatter kernels"
+                       : path == ExpertPath::kAvx512 ? "emoe's AVX-512 gather/scatter kernels"
+                                                     : "library GEMMs per expert";
+    return std::make_pair(std::string(to_string(path)),
+                          fmt::format("{} — {}", what, expert_path_report(shape)));
+  };
+  const auto [path32, experts32] = describe(at::kFloat);
+  const auto [path16, experts16] = describe(at::kBFloat16);
   nlohmann::json j = {{"cpu", cpu.model},
                       {"logical_cores", cpu.cores},
                       {"clock_mhz", cpu.mhz},
@@ -63,7 +66,8 @@ void run_system(const InfoArgs& a) {
                       {"float32_products", matmul_backend_name()},
                       {"dispatched_experts_float32", experts32},
                       {"dispatched_experts_bfloat16", experts16},
-                      {"dispatched_experts_bfloat16_path", to_string(bf16_expert_path())},
+                      {"dispatched_experts_float32_path", path32},
+                      {"dispatched_experts_bfloat16_path", path16},
                       {"theoretical_peak_gflops",
                        {{"float32", peak.fp32_gflops},
                         {"bfloat16", peak.bf16_gflops},
@@ -80,8 +84,10 @@ void run_system(const InfoArgs& a) {
             << fmt::format("isa          {}\n", cpu.isa_text())
             << fmt::format("threads      {} (ATen intra-op)\n", threads)
             << fmt::format("products     float32: {}\n", matmul_backend_name())
-            << fmt::format("experts      dispatched float32: {}; bfloat16: {}\n", experts32,
-                           experts16);
+            << fmt::format(
+                   "experts      dispatched, at BERT-base's shape (chosen per shape by "
+                   "measurement): float32 {}; bfloat16 {}\n",
+                   experts32, experts16);
   if (cpu.mhz > 0)
     std::cout << fmt::format(
         "peak (ISA)   float32 {:.0f} GFLOP/s ({}), bfloat16 {:.0f} GFLOP/s ({}); an upper bound "

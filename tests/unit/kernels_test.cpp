@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <functional>
 
 #include "emoe/core/error.h"
@@ -176,12 +178,14 @@ TEST(ExpertFfn, Float32RegisterTileKernelsMatchTheDefinitionAndTheLibraryPath) {
           };
           auto xx = leaf(x, x_grad), wi = leaf(w_in, w_grad), bi = leaf(b_in, w_grad),
                wu = leaf(w_up, w_grad), wo = leaf(w_out, w_grad), ww = leaf(weights, w_grad);
-          const bool before = emoe::set_expert_kernels(mode == 1);
+          // the path forced (by default each shape's is measured: either may win here)
+          const auto before = emoe::force_expert_path(mode == 1 ? emoe::ExpertPath::kAvx512
+                                                                : emoe::ExpertPath::kLibrary);
           auto y = mode == 0
                        ? kernels_expert_reference(xx, tokens, counts, ww, wi, bi, wu, wo, act)
                        : emoe::dispatched_expert_ffn(xx, tokens, counts, ww, wi, bi, wu, wo, act);
           (y * go.to(y.scalar_type())).sum().backward();
-          emoe::set_expert_kernels(before);
+          emoe::force_expert_path(before);
           auto grad = [](const torch::Tensor& t) {
             return t.defined() && t.grad().defined() ? t.grad().to(torch::kDouble)
                                                      : torch::zeros({1}, torch::kDouble);
@@ -340,10 +344,43 @@ TEST(ExpertKernels, Bfloat16ProductsMatchFloat64) {
     }
 }
 
+// The path of each expert shape is chosen once (a second ask measures nothing and gives the same
+// answer), is one this CPU has, and EMOE_EXPERT_KERNELS pins it: a path of the shape's dtype is
+// taken as it is, one of the other dtype leaves the shape measured, an unknown name is refused.
+TEST(ExpertFfn, PathChosenOncePerShapeAndPinnedByEmoeExpertKernels) {
+  ::unsetenv("EMOE_EXPERT_KERNELS");
+  const emoe::ExpertShape shape{torch::kFloat, 40, 7, 6, false};
+  const auto before = emoe::expert_path_reports().size();
+  const auto path = emoe::expert_path(shape);
+  const auto available = emoe::expert_paths_available(torch::kFloat);
+  EXPECT_NE(std::find(available.begin(), available.end(), path), available.end());
+  EXPECT_EQ(emoe::expert_path(shape), path);
+  EXPECT_EQ(emoe::expert_path_reports().size(), before + 1);
+  EXPECT_NE(emoe::expert_path_reports().back().find("6 experts of 7 x 40, float32"),
+            std::string::npos)
+      << emoe::expert_path_reports().back();
+  ::setenv("EMOE_EXPERT_KERNELS", "library", 1);
+  EXPECT_EQ(emoe::expert_path({torch::kBFloat16, 40, 7, 6, true}), emoe::ExpertPath::kLibrary);
+  EXPECT_NE(
+      emoe::expert_path_report({torch::kBFloat16, 40, 7, 6, true}).find("EMOE_EXPERT_KERNELS"),
+      std::string::npos);
+  if (emoe::expert_paths_available(torch::kBFloat16).size() > 1) {
+    const auto bf16_path = emoe::expert_paths_available(torch::kBFloat16).back();
+    ::setenv("EMOE_EXPERT_KERNELS", emoe::to_string(bf16_path), 1);
+    EXPECT_EQ(emoe::expert_path({torch::kBFloat16, 41, 7, 6, false}), bf16_path);
+    // a bfloat16 path named: float32 experts are measured
+    EXPECT_EQ(emoe::expert_path_report({torch::kFloat, 41, 7, 6, false}).find("EMOE_EXPERT"),
+              std::string::npos);
+  }
+  ::setenv("EMOE_EXPERT_KERNELS", "tpu", 1);
+  EXPECT_THROW(emoe::expert_path({torch::kFloat, 42, 7, 6, false}), emoe::UsageError);
+  ::unsetenv("EMOE_EXPERT_KERNELS");
+}
+
 // dispatched_expert_ffn in bfloat16 (summed in float32, as under autocast) through the bf16
 // kernels, against the library-GEMM path and the definition in float64, values and gradients.
 TEST(ExpertFfn, Bfloat16KernelPathsMatchTheLibraryPath) {
-  const auto paths = emoe::bf16_expert_paths_available();
+  const auto paths = emoe::expert_paths_available(torch::kBFloat16);
   if (paths.size() < 2)
     GTEST_SKIP() << "this CPU has neither AVX-512 BF16 nor AMX: the bfloat16 experts use the "
                     "library path here";
@@ -371,12 +408,12 @@ TEST(ExpertFfn, Bfloat16KernelPathsMatchTheLibraryPath) {
         };
         auto xx = leaf(x), wi = leaf(w_in), bi = leaf(b_in), wu = leaf(w_up), wo = leaf(w_out),
              ww = leaf(weights);
-        auto before = emoe::force_bf16_expert_path(mode == 1 ? path : emoe::ExpertPath::kLibrary);
+        auto before = emoe::force_expert_path(mode == 1 ? path : emoe::ExpertPath::kLibrary);
         auto y = mode == 0 ? kernels_expert_reference(xx, tokens, counts, ww, wi, bi, wu, wo, act)
                            : emoe::dispatched_expert_ffn(xx, tokens, counts, ww, wi, bi, wu, wo,
                                                          act, int64_t{16} << 20, torch::kFloat);
         (y * go.to(y.scalar_type())).sum().backward();
-        emoe::force_bf16_expert_path(before);
+        emoe::force_expert_path(before);
         auto grad = [](const torch::Tensor& t) {
           return t.defined() ? t.grad().to(torch::kDouble) : torch::zeros({1}, torch::kDouble);
         };

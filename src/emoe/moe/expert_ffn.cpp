@@ -15,6 +15,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "emoe/core/error.h"
 #include "emoe/models/matmul.h"
@@ -74,21 +77,43 @@ thread_local int forced_path = -1;  // an ExpertPath forced for this thread, or 
 
 // The CPU kernels (expert_kernels.h): float32 CPU tensors summed in float32 (AVX-512 register
 // tiles), or bfloat16 ones summed in float32 (autocast's dispatched experts) on AVX-512 BF16
-// register tiles or AMX tiles, whichever bf16_expert_path() chose.
+// register tiles or AMX tiles — whichever expert_path() chose for the shape — or none (library
+// GEMMs per expert).
 enum class Kernels { kNone, kFloat, kBf16, kAmx };
 
-Kernels kernel_kind(const at::Tensor& x, at::ScalarType acc) {
+bool path_fits(ExpertPath path, at::ScalarType dtype) {
+  switch (path) {
+    case ExpertPath::kLibrary:
+      return true;
+    case ExpertPath::kAvx512:
+      return dtype == at::kFloat && expert_kernels::available();
+    case ExpertPath::kAvx512Bf16:  // (amx_available() also asks Linux for the tile state, once)
+      return dtype == at::kBFloat16 && expert_kernels::bf16_available();
+    case ExpertPath::kAmx:
+      return dtype == at::kBFloat16 && expert_kernels::amx_available();
+  }
+  return false;
+}
+
+Kernels kernel_kind(const at::Tensor& x, at::ScalarType acc, int64_t s, int64_t e, bool gated) {
   if (!kernels_enabled.load() || !x.device().is_cpu() || acc != at::kFloat) return Kernels::kNone;
-  if (x.scalar_type() == at::kFloat && expert_kernels::available()) return Kernels::kFloat;
-  if (x.scalar_type() == at::kBFloat16) {
-    switch (bf16_expert_path()) {
-      case ExpertPath::kAmx:  // (amx_available() also asks Linux for the tile state, once)
-        return expert_kernels::amx_available() ? Kernels::kAmx : Kernels::kNone;
-      case ExpertPath::kAvx512Bf16:
-        return expert_kernels::bf16_available() ? Kernels::kBf16 : Kernels::kNone;
-      case ExpertPath::kLibrary:
-        return Kernels::kNone;
-    }
+  const auto dtype = x.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kBFloat16) return Kernels::kNone;
+  ExpertPath path = ExpertPath::kLibrary;
+  if (forced_path >= 0 && path_fits(static_cast<ExpertPath>(forced_path), dtype))
+    path = static_cast<ExpertPath>(forced_path);
+  else
+    path = expert_path({dtype, x.size(1), s, e, gated});
+  if (!path_fits(path, dtype)) return Kernels::kNone;
+  switch (path) {
+    case ExpertPath::kAvx512:
+      return Kernels::kFloat;
+    case ExpertPath::kAvx512Bf16:
+      return Kernels::kBf16;
+    case ExpertPath::kAmx:
+      return Kernels::kAmx;
+    case ExpertPath::kLibrary:
+      break;
   }
   return Kernels::kNone;
 }
@@ -274,7 +299,7 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     ctx->saved_data["has_b_in"] = b_in.defined();
     ctx->saved_data["group_bytes"] = group_bytes;
     ctx->saved_data["acc"] = acc_code;
-    if (const auto kind = kernel_kind(x, acc); kind != Kernels::kNone) {
+    if (const auto kind = kernel_kind(x, acc, s, e, w_up.defined()); kind != Kernels::kNone) {
       // gathers and scatters inside the products
       auto tok = tokens.contiguous();
       auto pre = torch::empty({rows, s}, x.options());
@@ -373,7 +398,7 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     auto g = grads[0].to(x.scalar_type()).contiguous();
     const auto groups = expert_groups(counts, d * static_cast<int64_t>(x.element_size()),
                                       ctx->saved_data["group_bytes"].toInt());
-    const auto kind = kernel_kind(x, acc);
+    const auto kind = kernel_kind(x, acc, s, e, w_up.defined());
     const bool kernels = kind != Kernels::kNone;
     // the kernels write float32 weight gradients into any float32 or compute-dtype tensor; the
     // library path writes them in the compute dtype (converted at the end)
@@ -487,22 +512,25 @@ struct PathChoice {
   std::string report;
 };
 
-// One bfloat16 forward and backward of BERT-base's FFN at N 64, k 16 over 512 tokens, on the
-// calling thread's forced path: the shape the paths are compared at.
-double time_bf16_path(ExpertPath path) {
-  const int64_t n = 512, d = 768, e = 64, s = 48, k = 16;
-  auto prev = force_bf16_expert_path(path);
+// One forward and backward of `shape`'s experts on the calling thread's forced path: 1024 tokens
+// over min(N, 16) experts of the shape's width, k = a quarter of them (the work per expert row
+// of the real layer, in less memory), the best of three after a warm-up.
+double time_path(const ExpertShape& shape, ExpertPath path) {
+  const int64_t n = 1024, d = shape.d, s = shape.s, e = std::min<int64_t>(shape.experts, 16);
+  const int64_t k = std::max<int64_t>(1, e / 4);
+  auto prev = force_expert_path(path);
   torch::AutoGradMode grad_mode(true);
   c10::impl::ExcludeDispatchKeyGuard no_autocast(
       c10::DispatchKeySet({c10::DispatchKey::AutocastCPU, c10::DispatchKey::AutocastCUDA}));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1234);
-  auto param = [&](std::vector<int64_t> shape, double scale) {
-    return (at::randn(shape, gen, torch::TensorOptions()) * scale)
-        .to(torch::kBFloat16)
+  auto param = [&](std::vector<int64_t> dims, double scale) {
+    return (at::randn(dims, gen, torch::TensorOptions()) * scale)
+        .to(shape.dtype)
         .requires_grad_(true);
   };
   auto x = param({n, d}, 1.0), w_in = param({e * s, d}, 0.03), b_in = param({e * s}, 0.02);
   auto w_out = param({d, e * s}, 0.03);
+  auto w_up = shape.gated ? param({e * s, d}, 0.03) : at::Tensor();
   // k distinct experts per token, rows sorted by expert
   auto experts = at::rand({n, e}, gen, torch::TensorOptions())
                      .argsort(/*dim=*/1, /*descending=*/false)
@@ -512,45 +540,62 @@ double time_bf16_path(ExpertPath path) {
   auto tokens = torch::arange(n).repeat_interleave(k).index_select(0, order);
   at::Tensor counts_t = at::bincount(flat, c10::optional<at::Tensor>(), e);
   std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + e);
+  torch::autograd::variable_list leaves = {x, w_in, b_in, w_out};
+  if (shape.gated) leaves.push_back(w_up);
   double best = 1e30;
   for (int rep = 0; rep < 4; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto y = dispatched_expert_ffn(x, tokens, counts, at::Tensor(), w_in, b_in, at::Tensor(), w_out,
-                                   Activation::kGeluErf, int64_t{16} << 20, at::kFloat);
-    auto grads = torch::autograd::grad(torch::autograd::variable_list{y.sum()},
-                                       torch::autograd::variable_list{x, w_in, b_in, w_out});
+    auto y = dispatched_expert_ffn(x, tokens, counts, at::Tensor(), w_in, b_in, w_up, w_out,
+                                   shape.gated ? Activation::kSilu : Activation::kGeluErf,
+                                   int64_t{16} << 20, at::kFloat);
+    auto grads = torch::autograd::grad(torch::autograd::variable_list{y.sum()}, leaves);
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rep > 0) best = std::min(best, t);  // rep 0: the warm-up
   }
-  force_bf16_expert_path(prev);
+  force_expert_path(prev);
   return best;
 }
 
-PathChoice choose_bf16_path() {
-  const auto available = bf16_expert_paths_available();
+std::string shape_text(const ExpertShape& shape) {
+  return fmt::format("{} experts of {} x {}{}, {}", shape.experts, shape.s, shape.d,
+                     shape.gated ? " (gated)" : "",
+                     shape.dtype == at::kBFloat16 ? "bfloat16" : "float32");
+}
+
+PathChoice choose_path(const ExpertShape& shape) {
+  const auto available = expert_paths_available(shape.dtype);
   PathChoice c;
   const char* env = std::getenv("EMOE_EXPERT_KERNELS");
   const std::string want = env ? env : "";
   if (!want.empty() && want != "auto") {
-    std::vector<std::string> names;
-    for (auto p : available) {
-      names.push_back(to_string(p));
-      if (want == to_string(p)) c.path = p;
-    }
-    EMOE_CHECK(want == to_string(c.path), UsageError,
+    // a path of the other dtype (amx for float32 experts) leaves this one measured
+    std::vector<std::string> names = {"library"};
+    bool known = want == "library";
+    for (auto dtype : {at::kFloat, at::kBFloat16})
+      for (auto p : expert_paths_available(dtype)) {
+        if (p == ExpertPath::kLibrary) continue;
+        names.push_back(to_string(p));
+        known = known || want == to_string(p);
+      }
+    EMOE_CHECK(known, UsageError,
                "EMOE_EXPERT_KERNELS: expected auto or a path this CPU has ({}), got '{}'",
                fmt::join(names, ", "), want);
-    c.report = fmt::format("{} (EMOE_EXPERT_KERNELS)", want);
-    return c;
+    for (auto p : available)
+      if (want == to_string(p)) {
+        c.path = p;
+        c.report = fmt::format("{} (EMOE_EXPERT_KERNELS)", want);
+        return c;
+      }
   }
   if (available.size() == 1) {
-    c.report = "library (no AVX-512 BF16 or AMX kernels on this CPU)";
+    c.report = shape.dtype == at::kBFloat16 ? "library (no AVX-512 BF16 or AMX kernels on this CPU)"
+                                            : "library (no AVX-512 kernels on this CPU)";
     return c;
   }
   std::vector<std::string> parts;
   double best = 1e30;
-  for (auto it = available.rbegin(); it != available.rend(); ++it) {  // amx first
-    const double t = time_bf16_path(*it);
+  for (auto it = available.rbegin(); it != available.rend(); ++it) {  // the kernels first
+    const double t = time_path(shape, *it);
     parts.push_back(fmt::format("{} {:.1f} ms", to_string(*it), t * 1e3));
     if (t < best) best = t, c.path = *it;
   }
@@ -558,13 +603,35 @@ PathChoice choose_bf16_path() {
   return c;
 }
 
-const PathChoice& bf16_path_choice() {
-  static const PathChoice choice = [] {
-    auto c = choose_bf16_path();
-    spdlog::info("bfloat16 dispatched experts: {}", c.report);
-    return c;
-  }();
-  return choice;
+struct PathChoices {
+  std::mutex mutex;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, bool>, PathChoice> by_shape;
+  std::vector<std::string> reports;  // in the order chosen
+};
+
+PathChoices& path_choices() {
+  static PathChoices c;
+  return c;
+}
+
+const PathChoice& path_choice(const ExpertShape& shape) {
+  auto& c = path_choices();
+  const auto key =
+      std::make_tuple(static_cast<int>(shape.dtype), shape.d, shape.s, shape.experts, shape.gated);
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto it = c.by_shape.find(key);
+    if (it != c.by_shape.end()) return it->second;
+  }
+  // measured outside the lock (the measurement runs the experts, which ask again: forced path)
+  auto choice = choose_path(shape);
+  std::lock_guard<std::mutex> lock(c.mutex);
+  auto [it, fresh] = c.by_shape.emplace(key, choice);
+  if (fresh) {
+    c.reports.push_back(fmt::format("{}: {}", shape_text(shape), it->second.report));
+    spdlog::info("dispatched experts, {}", c.reports.back());
+  }
+  return it->second;
 }
 
 }  // namespace
@@ -575,29 +642,40 @@ const char* to_string(ExpertPath path) {
       return "amx";
     case ExpertPath::kAvx512Bf16:
       return "avx512-bf16";
+    case ExpertPath::kAvx512:
+      return "avx512";
     case ExpertPath::kLibrary:
       return "library";
   }
   return "library";
 }
 
-std::vector<ExpertPath> bf16_expert_paths_available() {
+std::vector<ExpertPath> expert_paths_available(at::ScalarType dtype) {
   std::vector<ExpertPath> paths = {ExpertPath::kLibrary};
-  if (expert_kernels::bf16_available()) paths.push_back(ExpertPath::kAvx512Bf16);
-  if (expert_kernels::amx_available()) paths.push_back(ExpertPath::kAmx);
+  for (auto p : {ExpertPath::kAvx512, ExpertPath::kAvx512Bf16, ExpertPath::kAmx})
+    if (path_fits(p, dtype)) paths.push_back(p);
   return paths;
 }
 
-ExpertPath bf16_expert_path() {
-  if (forced_path >= 0) return static_cast<ExpertPath>(forced_path);
-  return bf16_path_choice().path;
+ExpertShape bert_base_expert_shape(at::ScalarType dtype) {
+  return {dtype, 768, 48, 64, false};
 }
 
-std::string bf16_expert_path_report() {
-  return bf16_path_choice().report;
+ExpertPath expert_path(const ExpertShape& shape) {
+  return path_choice(shape).path;
 }
 
-c10::optional<ExpertPath> force_bf16_expert_path(c10::optional<ExpertPath> path) {
+std::string expert_path_report(const ExpertShape& shape) {
+  return path_choice(shape).report;
+}
+
+std::vector<std::string> expert_path_reports() {
+  auto& c = path_choices();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.reports;
+}
+
+c10::optional<ExpertPath> force_expert_path(c10::optional<ExpertPath> path) {
   c10::optional<ExpertPath> prev;
   if (forced_path >= 0) prev = static_cast<ExpertPath>(forced_path);
   forced_path = path ? static_cast<int>(*path) : -1;
@@ -609,7 +687,8 @@ bool set_expert_kernels(bool enabled) {
 }
 
 bool expert_kernels_used(const at::Tensor& x) {
-  return kernel_kind(x, at::kFloat) != Kernels::kNone;
+  return kernels_enabled.load() && x.device().is_cpu() &&
+         expert_paths_available(x.scalar_type()).size() > 1;
 }
 
 at::Tensor dispatched_expert_ffn(const at::Tensor& x, const at::Tensor& tokens,
@@ -631,7 +710,11 @@ at::Tensor dispatched_expert_ffn(const at::Tensor& x, const at::Tensor& tokens,
              "dispatched_expert_ffn: segments cover {} rows, tokens has {}", rows, tokens.size(0));
   // the bfloat16 path is measured once, here rather than inside the autograd function
   const auto comp = compute.value_or(x.scalar_type());
-  if (x.device().is_cpu() && comp == at::kBFloat16) (void)bf16_expert_path();
+  // the path for this shape is measured once, here rather than inside the autograd function
+  if (x.device().is_cpu() && forced_path < 0 && (comp == at::kBFloat16 || comp == at::kFloat) &&
+      kernels_enabled.load())
+    (void)expert_path({comp, x.size(1), w_in.size(0) / static_cast<int64_t>(counts.size()),
+                       static_cast<int64_t>(counts.size()), w_up.defined()});
   auto empty = torch::empty({0}, x.options());
   if (rows == 0) return torch::zeros(x.sizes(), x.options().dtype(accumulate.value_or(comp)));
   return DispatchedExpertFfnFn::apply(

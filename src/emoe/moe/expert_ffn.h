@@ -39,31 +39,43 @@ at::Tensor dispatched_expert_ffn(const at::Tensor& x, const at::Tensor& tokens,
                                  c10::optional<at::ScalarType> accumulate = c10::nullopt,
                                  c10::optional<at::ScalarType> compute = c10::nullopt);
 
-// How bfloat16 dispatched experts compute on the CPU: AMX tiles, AVX-512 BF16 register tiles, or
-// library GEMMs per expert (oneDNN through gemm_out), all summed in float32.
-enum class ExpertPath { kLibrary, kAvx512Bf16, kAmx };
-const char* to_string(ExpertPath path);  // "library", "avx512-bf16", "amx"
+// How dispatched experts compute on the CPU: library GEMMs per expert (oneDNN or ATen through
+// gemm_out), float32 AVX-512 register tiles, or — bfloat16, summed in float32 — AVX-512 BF16
+// register tiles or AMX tiles.
+enum class ExpertPath { kLibrary, kAvx512, kAvx512Bf16, kAmx };
+const char* to_string(ExpertPath path);  // "library", "avx512", "avx512-bf16", "amx"
 
-// The bfloat16 path on this CPU, chosen once per process: EMOE_EXPERT_KERNELS (amx, avx512-bf16
-// or library; auto or unset: measure) when set, else the fastest of the paths this CPU has, timed
-// at BERT-base's shape (d 768, 64 experts of 48 neurons, top 16, 512 tokens, forward and
-// backward; the best of three after a warm-up each; ~0.3 s once). A value naming a path this CPU
-// lacks, or no path, throws UsageError naming the variable.
-ExpertPath bf16_expert_path();
+// One layer's experts as the kernels see them.
+struct ExpertShape {
+  at::ScalarType dtype;   // the compute dtype: float32 or bfloat16
+  int64_t d, s, experts;  // model width, neurons per expert, expert count
+  bool gated;
+};
+ExpertShape bert_base_expert_shape(at::ScalarType dtype);  // 64 experts of 48 x 768
+
+// The paths this CPU can run for experts of that dtype (library always).
+std::vector<ExpertPath> expert_paths_available(at::ScalarType dtype);
+// The path for a shape, chosen once per shape and process: EMOE_EXPERT_KERNELS (library, avx512,
+// avx512-bf16 or amx; auto or unset: measure; a path of the other dtype leaves this one
+// measured) when set, else the fastest of the paths this CPU has, timed on that shape's expert
+// width (1024 tokens over min(N, 16) experts, k a quarter of them, forward and backward; the
+// best of three after a warm-up; milliseconds for BERT-base's shape), logged once. A value that
+// names no path this CPU has throws UsageError naming the variable.
+ExpertPath expert_path(const ExpertShape& shape);
 // The choice and how it was made: "amx (measured: amx 4.1 ms, avx512-bf16 9.3 ms, library
 // 12.0 ms)" or "library (EMOE_EXPERT_KERNELS)".
-std::string bf16_expert_path_report();
-// The paths this CPU can run (library always).
-std::vector<ExpertPath> bf16_expert_paths_available();
-// Forces the path for the calling thread (tests compare paths; nullopt: back to the process's
-// choice). Returns the previous forced value.
-c10::optional<ExpertPath> force_bf16_expert_path(c10::optional<ExpertPath> path);
+std::string expert_path_report(const ExpertShape& shape);
+// Every choice this process made so far, one line per shape.
+std::vector<std::string> expert_path_reports();
+// Forces the path for the calling thread where it fits the dtype (tests and benchmarks compare
+// paths; nullopt: back to the measured choice). Returns the previous forced value.
+c10::optional<ExpertPath> force_expert_path(c10::optional<ExpertPath> path);
 
 // Whether CPU experts may use the register-tile kernels (default: yes); tests and benchmarks
 // switch them off to compare with the library-GEMM path. Returns the previous setting.
 bool set_expert_kernels(bool enabled);
-// True when dispatched_expert_ffn on tensors like x (float32 or bfloat16, summed in float32)
-// uses them.
+// True when this CPU has register-tile or AMX kernels for tensors like x (float32 or bfloat16,
+// summed in float32) and they are enabled; expert_path() picks among them per shape.
 bool expert_kernels_used(const at::Tensor& x);
 
 }  // namespace emoe
