@@ -315,8 +315,11 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
       if (weights.defined()) h.mul_(weights.unsqueeze(1));
       auto out = torch::zeros({n, d}, x.options().dtype(acc));
       scatter_products(kind, h, tok, counts, s, w_out, /*neuron_rows=*/false, out);
+      // act(pre) kept where it is h itself (EMoE: not gated, unit weights), else recomputed
+      const bool keep = !up.defined() && !weights.defined();
       ctx->save_for_backward({x, w_in, w_up_e, w_out, weights_e, tok, pre,
-                              up.defined() ? up : torch::empty({0}, x.options())});
+                              up.defined() ? up : torch::empty({0}, x.options()),
+                              keep ? h : torch::empty({0}, x.options())});
       return out;
     }
     const auto groups =
@@ -365,8 +368,10 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
       out.index_add_(0, tokens.narrow(0, grp.row, grp.rows),
                      yg.scalar_type() == acc ? yg : yg.to(acc));
     }
+    const bool keep = !up.defined() && !weights.defined();
     ctx->save_for_backward({x, w_in, w_up_e, w_out, weights_e, tokens, pre,
-                            up.defined() ? up : torch::empty({0}, x.options())});
+                            up.defined() ? up : torch::empty({0}, x.options()),
+                            keep ? h : torch::empty({0}, x.options())});
     return out;
   }
 
@@ -411,9 +416,13 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     at::Tensor g_w_up = weight_grad(need_w_up, w_up, 3);
     at::Tensor g_w_out = weight_grad(need_w_out, w_out, 4);
     auto buf = kernels ? at::Tensor() : torch::empty({largest_group(groups), d}, o);
-    // recomputed rather than kept: a = act(pre), h = a (⊙ up), hw = h (· weight)
-    auto a = torch::empty({rows, s}, o);
-    activation_out(a, pre, act);
+    // a = act(pre) (kept by the forward for EMoE's experts, else recomputed), h = a (⊙ up),
+    // hw = h (· weight)
+    at::Tensor a = opt(saved[8]);
+    if (!a.defined()) {
+      a = torch::empty({rows, s}, o);
+      activation_out(a, pre, act);
+    }
     auto h = up.defined() ? a * up : a;
     auto hw = weights.defined() ? h * weights.unsqueeze(1) : h;
     // pass 1: gradient of h (before the routing weight) and of w_out, expert by expert

@@ -6,8 +6,9 @@
 // rows), pushed through the expert's blocks of the FFN weights by library GEMMs (two, three when
 // gated) and added back into the output. Either way the replicated inputs and outputs of all
 // experts (n·k rows of d_model each, 96 MiB per BERT-base layer at batch 16 x 128 with k = 16) are
-// never materialised. Only the pre-activations (n·k x d_ff/N) are kept for the backward pass,
-// which regathers its rows the same way.
+// never materialised. Only the pre-activations (n·k x d_ff/N) are kept for the backward pass —
+// and their activations where those are the experts' outputs (not gated, unit weights: EMoE),
+// which saves recomputing them — and the backward pass regathers its rows the same way.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>

@@ -506,6 +506,21 @@ void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const in
       });
 }
 
+namespace {
+
+// out[p·ldo + c] = the 32-bit word 2p, 2p + 1 of column c, for p < full_pairs and 16 columns c
+// starting at b with stride stride_n (elements): one vector gather per row of out.
+EMOE_AVX512 void gather_pair_rows(const uint16_t* b, int64_t full_pairs, int64_t stride_n,
+                                  uint32_t* out, int64_t ldo) {
+  const __m512i index =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(static_cast<int>(stride_n)));
+  for (int64_t p = 0; p < full_pairs; ++p)
+    _mm512_storeu_si512(out + p * ldo, _mm512_i32gather_epi32(index, b + 2 * p, 2));
+}
+
+}  // namespace
+
 namespace detail {
 
 // out[p][c] = S(2p, c) | S(2p + 1, c) << 16 with S(kk, c) = b[kk·stride_k + c·stride_n] (zero
@@ -515,14 +530,22 @@ void pack_pairs(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k, int64
   RECORD_FUNCTION("emoe::pack_pairs", std::vector<c10::IValue>());
   const int64_t pairs = (k + 1) / 2;
   if (stride_k == 1) {  // pairs contiguous in b: a transpose of 32-bit words, in 16 x 16 blocks
+    const bool gathers = available() && 15 * stride_n < (int64_t{1} << 30);
     at::parallel_for(0, (n + 15) / 16, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t cb = b0; cb < b1; ++cb)
-        for (int64_t p0 = 0; p0 < pairs; p0 += 16)
-          for (int64_t c = cb * 16; c < std::min(n, cb * 16 + 16); ++c) {
-            const uint16_t* col = b + c * stride_n;
-            for (int64_t p = p0; p < std::min(pairs, p0 + 16); ++p)
-              out[p * ldo + c] = 2 * p + 1 < k ? load_pair(col + 2 * p) : col[2 * p];
-          }
+        if (gathers && cb * 16 + 16 <= n) {  // 16 columns' whole pairs by vector gathers
+          gather_pair_rows(b + cb * 16 * stride_n, k / 2, stride_n, out + cb * 16, ldo);
+          if (k % 2)
+            for (int64_t c = cb * 16; c < cb * 16 + 16; ++c)
+              out[k / 2 * ldo + c] = b[c * stride_n + k - 1];
+        } else {
+          for (int64_t p0 = 0; p0 < pairs; p0 += 16)
+            for (int64_t c = cb * 16; c < std::min(n, cb * 16 + 16); ++c) {
+              const uint16_t* col = b + c * stride_n;
+              for (int64_t p = p0; p < std::min(pairs, p0 + 16); ++p)
+                out[p * ldo + c] = 2 * p + 1 < k ? load_pair(col + 2 * p) : col[2 * p];
+            }
+        }
     });
     return;
   }

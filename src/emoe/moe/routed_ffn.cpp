@@ -147,15 +147,29 @@ torch::Tensor ExpertFfnImpl::compute_dispatched(const torch::Tensor& x, const Ro
     flat_w = flat_w.index_select(0, kept);
     flat_t = flat_t.index_select(0, kept);
   }
-  auto order = flat_e.argsort();
+  torch::Tensor order;
+  std::vector<int64_t> counts(static_cast<size_t>(e), 0);
+  if (flat_e.device().is_cpu() && flat_e.scalar_type() == torch::kLong) {
+    // a counting sort (stable: tokens ascending within an expert), ~50x faster than a sort
+    auto fe = flat_e.contiguous();
+    const int64_t m = fe.numel(), *ep = fe.data_ptr<int64_t>();
+    for (int64_t i = 0; i < m; ++i) ++counts[static_cast<size_t>(ep[i])];
+    std::vector<int64_t> next(static_cast<size_t>(e), 0);
+    for (int64_t j = 1; j < e; ++j) next[j] = next[j - 1] + counts[j - 1];
+    order = torch::empty({m}, fe.options());
+    int64_t* op = order.data_ptr<int64_t>();
+    for (int64_t i = 0; i < m; ++i) op[next[static_cast<size_t>(ep[i])]++] = i;
+  } else {
+    order = flat_e.argsort();
+    auto counts_t = torch::zeros({e}, flat_e.options())
+                        .index_add_(0, flat_e, torch::ones_like(flat_e))
+                        .to(torch::kCPU);  // the one host sync: segment sizes
+    std::copy(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + e, counts.begin());
+  }
   auto tokens = flat_t.index_select(0, order);
   // EMoE's pure mask has unit weights: skip the multiply
   auto weights = cfg_.weighted ? flat_w.index_select(0, order).to(x.scalar_type()).unsqueeze(1)
                                : torch::Tensor();
-  auto counts_t = torch::zeros({e}, flat_e.options())
-                      .index_add_(0, flat_e, torch::ones_like(flat_e))
-                      .to(torch::kCPU);  // the one host sync: segment sizes
-  std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + e);
   // One autograd function over groups of experts in small buffers (expert_ffn.h): no n·k x d
   // copies of the inputs or outputs. Under autocast the experts compute in its dtype (inputs and
   // weights cast once inside, their gradients returned in their own dtypes, autocast off inside)
