@@ -15,6 +15,7 @@ namespace emoe::expert_kernels {
 
 using detail::pack_pairs;
 using detail::parallel_by_cost;
+using detail::RowTile;
 
 namespace {
 
@@ -159,21 +160,6 @@ Chunk column_chunk(int64_t width) {
   return {static_cast<int>(nv), tail_mask(width - 16 * (nv - 1))};
 }
 
-struct RowTile {
-  int64_t expert, row, rows;
-};
-
-std::vector<RowTile> row_tiles(const std::vector<int64_t>& counts) {
-  std::vector<RowTile> tiles;
-  int64_t row = 0;
-  for (int64_t j = 0; j < static_cast<int64_t>(counts.size()); ++j) {
-    for (int64_t r = 0; r < counts[j]; r += kTileRows)
-      tiles.push_back({j, row + r, std::min<int64_t>(kTileRows, counts[j] - r)});
-    row += counts[j];
-  }
-  return tiles;
-}
-
 // --- bfloat16: AVX-512 BF16 (vdpbf16ps) ------------------------------------------------------
 // vdpbf16ps multiplies pairs of bf16 along the summed dimension: lane c of the accumulator gets
 // a[2p]·b[2p][c] + a[2p+1]·b[2p+1][c]. The right-hand operand is packed so that each 32-bit lane
@@ -305,7 +291,7 @@ const WgradTileBf16 kWgradTilesBf16[kTileRows][3] = EMOE_TILE_TABLE(tile_wgrad_b
 template <class T, class TileFn>
 void for_gather_tiles(const T* x, int64_t ldx, const int64_t* tokens,
                       const std::vector<int64_t>& counts, int64_t s, const TileFn& tile_fn) {
-  const auto tiles = row_tiles(counts);
+  const auto tiles = detail::row_tiles(counts, kTileRows);
   parallel_by_cost(
       static_cast<int64_t>(tiles.size()),
       [&](int64_t i) { return static_cast<double>(tiles[i].rows); },

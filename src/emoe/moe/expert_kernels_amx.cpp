@@ -224,21 +224,6 @@ std::unique_ptr<T[]> buffer(int64_t n) {
   return std::unique_ptr<T[]>(new T[static_cast<size_t>(std::max<int64_t>(n, 1))]);
 }
 
-struct RowTile {
-  int64_t expert, row, rows;
-};
-
-std::vector<RowTile> row_tiles(const std::vector<int64_t>& counts) {
-  std::vector<RowTile> tiles;
-  int64_t row = 0;
-  for (int64_t j = 0; j < static_cast<int64_t>(counts.size()); ++j) {
-    for (int64_t r = 0; r < counts[j]; r += kBlock)
-      tiles.push_back({j, row + r, std::min<int64_t>(kBlock, counts[j] - r)});
-    row += counts[j];
-  }
-  return tiles;
-}
-
 }  // namespace amx_tiles
 
 bool amx_available() {
@@ -269,7 +254,7 @@ void gather_gemm_amx(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* t
     for (int64_t j = j0; j < j1; ++j)
       pack_panel(b + j * s * b_c, k, s, b_k, b_c, kp, sp, packed.get() + j * panel);
   });
-  const auto tiles = row_tiles(counts);
+  const auto tiles = detail::row_tiles(counts, kBlock);
   detail::parallel_by_cost(
       static_cast<int64_t>(tiles.size()),
       [&](int64_t i) { return static_cast<double>(tiles[i].rows); },

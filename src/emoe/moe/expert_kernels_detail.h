@@ -28,6 +28,23 @@ inline void parallel_by_cost(int64_t n, const Cost& cost, const Body& body) {
   });
 }
 
+// A tile of up to `rows` routed rows of one expert (rows are grouped by expert, `counts[j]` for
+// expert j, in order).
+struct RowTile {
+  int64_t expert, row, rows;
+};
+
+inline std::vector<RowTile> row_tiles(const std::vector<int64_t>& counts, int64_t rows) {
+  std::vector<RowTile> tiles;
+  int64_t row = 0;
+  for (int64_t j = 0; j < static_cast<int64_t>(counts.size()); ++j) {
+    for (int64_t r = 0; r < counts[j]; r += rows)
+      tiles.push_back({j, row + r, std::min<int64_t>(rows, counts[j] - r)});
+    row += counts[j];
+  }
+  return tiles;
+}
+
 // out[p][c] = S(2p, c) | S(2p + 1, c) << 16 with S(kk, c) = b[kk·stride_k + c·stride_n] (zero
 // past K), for p < ceil(K/2), c < n; out row stride ldo: the bf16 pairs along K that vdpbf16ps
 // and AMX's tdpbf16ps take as their right-hand operand.
