@@ -58,10 +58,11 @@ ExpertShape bert_base_expert_shape(at::ScalarType dtype);  // 64 experts of 48 x
 std::vector<ExpertPath> expert_paths_available(at::ScalarType dtype);
 // The path for a shape, chosen once per shape and process: EMOE_EXPERT_KERNELS (library, avx512,
 // avx512-bf16 or amx; auto or unset: measure; a path of the other dtype leaves this one
-// measured) when set, else the fastest of the paths this CPU has, timed on that shape's expert
-// width (1024 tokens over min(N, 16) experts, k a quarter of them, forward and backward; the
-// best of three after a warm-up; milliseconds for BERT-base's shape), logged once. A value that
-// names no path this CPU has throws UsageError naming the variable.
+// measured) when set, else the fastest of the paths this CPU has (a less specialised one must
+// be 10 % faster than amx / the AVX-512 tiles to be taken), timed on that shape's expert width
+// (1024 tokens over min(N, 16) experts, k a quarter of them, forward and backward; the best of
+// three after a warm-up; milliseconds for BERT-base's shape), logged once. A value that names no
+// path this CPU has throws UsageError naming the variable.
 ExpertPath expert_path(const ExpertShape& shape);
 // The choice and how it was made: "amx (measured: amx 4.1 ms, avx512-bf16 9.3 ms, library
 // 12.0 ms)" or "library (EMOE_EXPERT_KERNELS)".
