@@ -224,6 +224,20 @@ std::unique_ptr<T[]> buffer(int64_t n) {
   return std::unique_ptr<T[]>(new T[static_cast<size_t>(std::max<int64_t>(n, 1))]);
 }
 
+// Every expert's block packed: expert j's block starts at b + j·expert_stride, its [kp/2, np]
+// panel at j·kp/2·np of the result.
+std::unique_ptr<uint32_t[]> pack_panels(const uint16_t* b, int64_t e, int64_t expert_stride,
+                                        int64_t k, int64_t n, int64_t stride_k, int64_t stride_n,
+                                        int64_t kp, int64_t np) {
+  const int64_t panel = kp / 2 * np;
+  auto packed = buffer<uint32_t>(e * panel);
+  at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j)
+      pack_panel(b + j * expert_stride, k, n, stride_k, stride_n, kp, np, packed.get() + j * panel);
+  });
+  return packed;
+}
+
 }  // namespace amx_tiles
 
 bool amx_available() {
@@ -249,11 +263,7 @@ void gather_gemm_amx(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* t
   RECORD_FUNCTION("emoe::expert_gather_gemm_amx", std::vector<c10::IValue>());
   const int64_t e = static_cast<int64_t>(counts.size()), kp = round_up(k, kStep);
   const int64_t sp = round_up(s, kCols), panel = kp / 2 * sp;
-  auto packed = buffer<uint32_t>(e * panel);  // expert j's [kp/2, sp] pairs at j·panel
-  at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j)
-      pack_panel(b + j * s * b_c, k, s, b_k, b_c, kp, sp, packed.get() + j * panel);
-  });
+  auto packed = pack_panels(b, e, s * b_c, k, s, b_k, b_c, kp, sp);  // [kp/2, sp] each
   const auto tiles = detail::row_tiles(counts, kBlock);
   detail::parallel_by_cost(
       static_cast<int64_t>(tiles.size()),
@@ -286,11 +296,7 @@ void scatter_gemm_amx(const uint16_t* h, const int64_t* tokens, const std::vecto
   RECORD_FUNCTION("emoe::expert_scatter_gemm_amx", std::vector<c10::IValue>());
   const int64_t e = static_cast<int64_t>(counts.size()), kp = round_up(s, kStep);
   const int64_t np = round_up(n, kCols), panel = kp / 2 * np;
-  auto packed = buffer<uint32_t>(e * panel);  // expert j's [kp/2, np] pairs at j·panel
-  at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j)
-      pack_panel(b + j * s * b_k, s, n, b_k, b_c, kp, np, packed.get() + j * panel);
-  });
+  auto packed = pack_panels(b, e, s * b_k, s, n, b_k, b_c, kp, np);  // [kp/2, np] each
   // h's rows padded to whole steps (zero past s), and a block of spare rows: the micro-kernel
   // reads 32 rows at a time
   int64_t rows = 0;
