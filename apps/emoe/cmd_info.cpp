@@ -104,7 +104,7 @@ nlohmann::json memory_report(const InfoArgs& a) {
     const TrainingMemory m = training_memory(a.model_dir, method, a.batch, a.seq_len, dtype);
     for (int world : a.ranks) {
       nlohmann::json row = {{"method", method}, {"ranks", world}};
-      for (const char* level : {"none", "optimizer", "gradients"})
+      for (const char* level : {"none", "optimizer", "gradients", "full"})
         row[std::string(level) + "_bytes"] = per_rank_memory(m, a.batch, world, level).total();
       per_rank.push_back(row);
     }
@@ -264,15 +264,18 @@ void run_info(const InfoArgs& a) {
     if (!mem["per_rank"].empty()) {
       std::cout << fmt::format(
           "\nper rank, data parallel with the global batch {} split over the ranks, by "
-          "train.sharding (optimizer: AdamW state / ranks; gradients: gradients too; weights "
-          "whole on every rank):\n",
+          "train.sharding (optimizer: AdamW state / ranks; gradients: gradients too; full: "
+          "weights too, plus the one block in use):\n",
           a.batch);
-      std::cout << "| method | ranks | none | optimizer | gradients |\n|---|---|---|---|---|\n";
+      std::cout << "| method | ranks | none | optimizer | gradients | full |\n"
+                   "|---|---|---|---|---|---|\n";
       for (const auto& r : mem["per_rank"])
-        std::cout << fmt::format("| {} | {} | {} | {} | {} |\n", r["method"].get<std::string>(),
-                                 r["ranks"].get<int>(), human_bytes(r["none_bytes"].get<int64_t>()),
+        std::cout << fmt::format("| {} | {} | {} | {} | {} | {} |\n",
+                                 r["method"].get<std::string>(), r["ranks"].get<int>(),
+                                 human_bytes(r["none_bytes"].get<int64_t>()),
                                  human_bytes(r["optimizer_bytes"].get<int64_t>()),
-                                 human_bytes(r["gradients_bytes"].get<int64_t>()));
+                                 human_bytes(r["gradients_bytes"].get<int64_t>()),
+                                 human_bytes(r["full_bytes"].get<int64_t>()));
     }
   }
 }

@@ -101,9 +101,10 @@ void register_train(CLI::App& app) {
   cmd->add_option("--nproc", a->nproc, "Data parallel: start N worker processes on this machine")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--sharding", a->sharding,
-                  "Data parallel: none, optimizer (ZeRO 1) or gradients (ZeRO 2) (same as --set "
+                  "Data parallel: none, optimizer (ZeRO 1), gradients (ZeRO 2) or full (ZeRO 3: "
+                  "each transformer block's weights gathered around its use) (same as --set "
                   "train.sharding=...)")
-      ->check(CLI::IsMember({"none", "optimizer", "gradients"}));
+      ->check(CLI::IsMember({"none", "optimizer", "gradients", "full"}));
   cmd->add_option("--rank", a->rank, "This process's rank in a multi-machine job (or $RANK)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--world-size", a->world_size, "Processes in the whole job (or $WORLD_SIZE)")

@@ -205,7 +205,7 @@ nlohmann::json run_memory(const std::string& run) {
 
 }  // namespace
 
-// ZeRO stages 1 and 2 on 2 ranks reach the weights of one unsharded process, while each rank
+// ZeRO stages 1, 2 and 3 on 2 ranks reach the weights of one unsharded process, while each rank
 // keeps only its share of the AdamW state.
 TEST(Distributed, ShardedLevelsMatchOneProcess) {
   EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
@@ -220,7 +220,7 @@ TEST(Distributed, ShardedLevelsMatchOneProcess) {
     auto r1 = emoe::test::run_emoe(train_args(model, method, one, 20, "--set threads=1" + extra));
     ASSERT_EQ(r1.exit_code, 0) << r1.err;
     const double whole = run_memory(one)["optimizer_state_mib_per_rank"][0].get<double>();
-    for (const std::string level : {"optimizer", "gradients"}) {
+    for (const std::string level : {"optimizer", "gradients", "full"}) {
       SCOPED_TRACE(method + extra + " sharding " + level);
       const auto two = tmp.file(method + "-" + level);
       auto r2 = emoe::test::run_emoe(train_args(
@@ -260,10 +260,14 @@ TEST(Distributed, ShardedCheckpointsResumeAtAnotherWorldSize) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // (first half, second half)
   const std::vector<std::pair<std::string, std::string>> halves = {
-      {"--nproc 2 --sharding gradients", ""}, {"", "--nproc 2 --sharding optimizer"}};
+      {"--nproc 2 --sharding gradients", ""},
+      {"", "--nproc 2 --sharding optimizer"},
+      {"--nproc 2 --sharding full", ""},
+      {"", "--nproc 2 --sharding full"}};
   for (const auto& [first, second] : halves) {
     SCOPED_TRACE("'" + first + "' then '" + second + "'");
-    const auto run = tmp.file("resumed" + std::to_string(first.size()));
+    const auto run =
+        tmp.file("resumed" + std::to_string(first.size()) + "-" + std::to_string(second.size()));
     auto a = emoe::test::run_emoe(train_args(
         model, "emoe", run, 20, "--set threads=1 --set train.stop_after_steps=10 " + first));
     ASSERT_EQ(a.exit_code, 0) << a.err;
@@ -274,6 +278,62 @@ TEST(Distributed, ShardedCheckpointsResumeAtAnotherWorldSize) {
     EXPECT_LT(loss, 1e-5);
     EXPECT_LT(weight, 1e-5);
   }
+}
+
+// Sharding on the other architectures' block loops: a Llama (stories260K) with EMoE layers at
+// every level against one process (no dropout there), and a T5 (encoder and decoder blocks, the
+// position bias read outside its block) with LoRA — frozen weights sharded too — at full against
+// plain data parallel (T5's dropout draws per rank).
+TEST(Distributed, FullShardingOnLlamaAndT5) {
+  EMOE_REQUIRE_SHARED(llama, "models/stories260K/hf");
+  EMOE_REQUIRE_SHARED(tok, "fixtures/tokenizers/llama-tok512");
+  EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
+  emoe::test::TempDir tmp;
+  const auto one = tmp.file("llama-one");
+  auto r1 = emoe::test::run_emoe(
+      train_args(llama, "emoe", one, 12, "--set threads=1 --set train.lr=1e-3"));
+  ASSERT_EQ(r1.exit_code, 0) << r1.err;
+  for (const std::string level : {"optimizer", "gradients", "full"}) {
+    SCOPED_TRACE("stories260K emoe sharding " + level);
+    const auto two = tmp.file("llama-" + level);
+    auto r2 = emoe::test::run_emoe(
+        train_args(llama, "emoe", two, 12,
+                   "--set threads=1 --set train.lr=1e-3 --nproc 2 --sharding " + level));
+    ASSERT_EQ(r2.exit_code, 0) << r2.err;
+    const auto [loss, weight] = run_difference(one, two);
+    EXPECT_LT(loss, 1e-5);
+    EXPECT_LT(weight, 1e-5);
+  }
+  {
+    std::ofstream corpus(tmp.file("corpus.txt"));
+    corpus << "a small corpus line for the tiny model\nanother line of text\n";
+  }
+  const auto t5 = tmp.file("t5");
+  auto p = emoe::test::run_emoe(
+      "pretrain --set arch=t5 --set hidden=64 --set layers=2 --set heads=4 --set intermediate=128 "
+      "--set tokenizer=" +
+      tok + " --set corpus=" + tmp.file("corpus.txt") +
+      " --set steps=1 --set batch_size=2 --set max_length=16 --set threads=1 --set output=" + t5);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const auto s2s = [&](const std::string& out, const std::string& level) {
+    return emoe::test::run_emoe(
+        "train --set model=" + t5 + " --set objective=seq2seq --set method=lora --set data_dir=" +
+        emoe::test::shared_path("data") +
+        " --set 'mixture={tasks: [sst2, mrpc], rate: temperature, cap: 40}' --set 'heldout=[rte]'"
+        " --set train.batch_size=8 --set train.max_steps=8 --set train.max_train_examples=40"
+        " --set train.max_eval_examples=6 --set train.max_length=48 --set train.lr=3e-3"
+        " --set train.log_every=1 --set threads=1 --set save_best=false --nproc 2 --sharding " +
+        level + " -o " + out);
+  };
+  auto a = s2s(tmp.file("t5-none"), "none");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  auto b = s2s(tmp.file("t5-full"), "full");
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  // encoder 2 + decoder 2 blocks, the relative position tables left whole
+  EXPECT_NE(b.err.find("of the 4 blocks'"), std::string::npos) << b.err;
+  const auto [loss, weight] = run_difference(tmp.file("t5-none"), tmp.file("t5-full"));
+  EXPECT_LT(loss, 1e-5);
+  EXPECT_LT(weight, 1e-5);
 }
 
 namespace {

@@ -80,5 +80,10 @@ TEST(TrainingMemory, PerRankSharesFollowTheShardingLevel) {
   // an uneven split: ceil(32 / 3) = 11 examples on the busiest rank
   EXPECT_EQ(emoe::per_rank_memory(m, 32, 3, "none").activations, 1100);  // 11 of 32
   EXPECT_EQ(emoe::per_rank_memory(m, 32, 1, "gradients").total(), m.total());
-  EXPECT_THROW(emoe::per_rank_memory(m, 32, 2, "full"), emoe::UsageError);
+  const auto full = emoe::per_rank_memory(m, 32, 4, "full");  // the weights shared too
+  EXPECT_EQ(full.weights, 1000);
+  EXPECT_EQ(full.gradients, 1000);
+  EXPECT_EQ(full.optimizer, 2000);
+  EXPECT_EQ(full.total(), 1000 + 1000 + 2000 + 800);
+  EXPECT_THROW(emoe::per_rank_memory(m, 32, 2, "zero3"), emoe::UsageError);
 }

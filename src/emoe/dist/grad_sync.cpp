@@ -44,7 +44,8 @@ ShardingLevel parse_sharding(const std::string& text, const std::string& what) {
   if (text == "none") return ShardingLevel::kNone;
   if (text == "optimizer") return ShardingLevel::kOptimizer;
   if (text == "gradients") return ShardingLevel::kGradients;
-  EMOE_THROW(UsageError, "{}: expected none, optimizer or gradients, got '{}'", what, text);
+  if (text == "full") return ShardingLevel::kFull;
+  EMOE_THROW(UsageError, "{}: expected none, optimizer, gradients or full, got '{}'", what, text);
 }
 
 std::string to_string(ShardingLevel level) {
@@ -53,6 +54,8 @@ std::string to_string(ShardingLevel level) {
       return "optimizer";
     case ShardingLevel::kGradients:
       return "gradients";
+    case ShardingLevel::kFull:
+      return "full";
     case ShardingLevel::kNone:
       break;
   }
@@ -75,12 +78,22 @@ std::vector<int> partition_by_size(const std::vector<int64_t>& numels, int world
 }
 
 GradientSync::GradientSync(Communicator& comm, std::vector<at::Tensor> params, ShardingLevel level,
-                           int64_t bucket_bytes)
+                           int64_t bucket_bytes, std::vector<int> owners)
     : comm_(comm), params_(std::move(params)), level_(level) {
   std::vector<int64_t> numels;
   for (const auto& p : params_) numels.push_back(p.numel());
-  owner_ =
-      sharded() ? partition_by_size(numels, comm_.size()) : std::vector<int>(params_.size(), 0);
+  if (!sharded()) {
+    owner_.assign(params_.size(), 0);
+  } else if (!owners.empty()) {
+    EMOE_CHECK(owners.size() == params_.size(), RuntimeError,
+               "GradientSync: {} owners for {} parameters", owners.size(), params_.size());
+    for (int o : owners)
+      EMOE_CHECK(o >= 0 && o < comm_.size(), RuntimeError, "GradientSync: owner {} of {} ranks", o,
+                 comm_.size());
+    owner_ = std::move(owners);
+  } else {
+    owner_ = partition_by_size(numels, comm_.size());
+  }
   bucket_of_.assign(params_.size(), 0);
   ready_.assign(params_.size(), 0);
   int64_t bytes = 0;
@@ -182,7 +195,7 @@ void GradientSync::settle(Bucket& b) {
   if (!b.pending) return;
   b.pending->wait();
   b.pending.reset();
-  if (level_ == ShardingLevel::kGradients && b.owner != comm_.rank()) b.buffer = at::Tensor();
+  if (reduces_to_owner() && b.owner != comm_.rank()) b.buffer = at::Tensor();
 }
 
 void GradientSync::finish() {
@@ -230,26 +243,32 @@ double GradientSync::global_grad_norm_sq() {
   return comm_.all_reduce_sum(std::vector<double>{local})[0];
 }
 
-void GradientSync::broadcast_parameters() {
+void GradientSync::broadcast_parameters(const std::function<bool(size_t)>& skip) {
   if (!sharded()) return;
   torch::NoGradGuard no_grad;
   for (auto& bp : buckets_) {
     auto& b = *bp;
-    const auto& first = params_[b.members.front()];
+    std::vector<size_t> sent;
+    int64_t numel = 0;
+    for (size_t k : b.members)
+      if (!skip || !skip(k)) sent.push_back(k), numel += params_[k].numel();
+    if (sent.empty()) continue;
     at::Tensor buf;
     if (b.owner == comm_.rank()) {
       std::vector<at::Tensor> flat;
-      for (size_t k : b.members) flat.push_back(params_[k].detach().reshape({-1}));
+      for (size_t k : sent) flat.push_back(params_[k].detach().reshape({-1}));
       buf = torch::cat(flat);
     } else {
-      buf = torch::empty({b.numel}, first.options().requires_grad(false));
+      buf = torch::empty({numel}, params_[sent.front()].options().requires_grad(false));
     }
     std::vector<at::Tensor> one = {buf};
     comm_.broadcast(one, b.owner);
     if (b.owner == comm_.rank()) continue;
-    for (size_t i = 0; i < b.members.size(); ++i) {
-      auto& p = params_[b.members[i]];
-      p.detach().copy_(buf.narrow(0, b.offsets[i], p.numel()).view(p.sizes()));
+    int64_t offset = 0;
+    for (size_t k : sent) {
+      auto& p = params_[k];
+      p.detach().copy_(buf.narrow(0, offset, p.numel()).view(p.sizes()));
+      offset += p.numel();
     }
   }
 }

@@ -11,12 +11,15 @@
 //   gradients (stage 2): each bucket is reduced to its owner alone; a bucket's gradients are
 //     released as soon as they are packed, and a rank that does not own a bucket drops it once
 //     its reduction is done, so a rank holds about 1/N of the gradients after backward.
+//   full (stage 3): as gradients; in addition the transformer blocks' weights live on their
+//     owners only between uses (param_shards.h), so they are not broadcast after the step.
 // A parameter's shard is whole (no tensor is split), so the optimiser state of a parameter lives
 // on one rank and a checkpoint can be gathered and re-sharded for any world size.
 #pragma once
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,8 +28,8 @@ namespace emoe {
 
 class Communicator;
 
-enum class ShardingLevel { kNone, kOptimizer, kGradients };
-// "none", "optimizer", "gradients"; UsageError naming `what` otherwise.
+enum class ShardingLevel { kNone, kOptimizer, kGradients, kFull };
+// "none", "optimizer", "gradients", "full"; UsageError naming `what` otherwise.
 ShardingLevel parse_sharding(const std::string& text, const std::string& what);
 std::string to_string(ShardingLevel level);
 
@@ -36,8 +39,10 @@ std::vector<int> partition_by_size(const std::vector<int64_t>& numels, int world
 
 class GradientSync {
  public:
+  // owners: the rank that owns each parameter (sharded levels); empty: partition_by_size.
   GradientSync(Communicator& comm, std::vector<at::Tensor> params,
-               ShardingLevel level = ShardingLevel::kNone, int64_t bucket_bytes = 25 << 20);
+               ShardingLevel level = ShardingLevel::kNone, int64_t bucket_bytes = 25 << 20,
+               std::vector<int> owners = {});
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -55,11 +60,16 @@ class GradientSync {
   // Sharded: the sum over ranks of the squared L2 norms of the owned gradients (the squared
   // global gradient norm); none: of every gradient (already averaged).
   double global_grad_norm_sq();
-  // Sharded: each owner broadcasts its parameters (after its optimiser step), bucket by bucket.
-  void broadcast_parameters();
+  // Sharded: each owner broadcasts its parameters (after its optimiser step), bucket by bucket,
+  // but those `skip` names (parameters gathered where they are used: sharding full).
+  void broadcast_parameters(const std::function<bool(size_t)>& skip = {});
 
   ShardingLevel level() const { return level_; }
   bool sharded() const { return level_ != ShardingLevel::kNone; }
+  // Gradients reduced to their owner alone (gradients and full).
+  bool reduces_to_owner() const {
+    return level_ == ShardingLevel::kGradients || level_ == ShardingLevel::kFull;
+  }
   // Whether this rank steps parameter k (always, unsharded).
   bool owns(size_t k) const;
   int owner(size_t k) const { return owner_[k]; }

@@ -263,9 +263,11 @@ class BertModelImpl : public PretrainedModelImpl {
     auto block = build_block_mask(in.attention_mask, t, t, /*causal=*/false, dev);
     torch::Tensor token_mask =
         in.attention_mask.defined() ? in.attention_mask.to(dev) : torch::Tensor();
-    for (auto& layer : layers_) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
       torch::Tensor probs;
-      h = layer->forward(h, block, token_mask, in.output_attentions ? &probs : nullptr);
+      before_block(i);
+      h = layers_[i]->forward(h, block, token_mask, in.output_attentions ? &probs : nullptr);
+      after_block(i, h);
       if (in.output_attentions) out.attentions.push_back(probs);
       if (in.output_hidden_states) out.hidden_states.push_back(h);
     }
@@ -294,6 +296,11 @@ class BertModelImpl : public PretrainedModelImpl {
   const ModelSummary& summary() const override { return summary_; }
   std::vector<FfnSlot*> ffn_slots() override {
     std::vector<FfnSlot*> out;
+    for (auto& l : layers_) out.push_back(l.get());
+    return out;
+  }
+  std::vector<torch::nn::Module*> blocks() override {
+    std::vector<torch::nn::Module*> out;
     for (auto& l : layers_) out.push_back(l.get());
     return out;
   }

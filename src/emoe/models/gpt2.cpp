@@ -211,8 +211,10 @@ class Gpt2ModelImpl : public PretrainedModelImpl {
     for (size_t i = 0; i < blocks_.size(); ++i) {
       if (in.output_hidden_states) out.hidden_states.push_back(h);
       torch::Tensor probs;
+      before_block(i);
       h = blocks_[i]->forward(h, block, token_mask, in.cache ? &in.cache->layers[i] : nullptr,
                               in.output_attentions ? &probs : nullptr);
+      after_block(i, h);
       if (in.output_attentions) out.attentions.push_back(probs);
     }
     decoder_only_outputs(
@@ -226,6 +228,11 @@ class Gpt2ModelImpl : public PretrainedModelImpl {
   const ModelSummary& summary() const override { return summary_; }
   std::vector<FfnSlot*> ffn_slots() override {
     std::vector<FfnSlot*> out;
+    for (auto& b : blocks_) out.push_back(b.get());
+    return out;
+  }
+  std::vector<torch::nn::Module*> blocks() override {
+    std::vector<torch::nn::Module*> out;
     for (auto& b : blocks_) out.push_back(b.get());
     return out;
   }

@@ -345,9 +345,11 @@ class LlamaModelImpl : public PretrainedModelImpl {
       if (in.output_hidden_states) out.hidden_states.push_back(h);
       torch::Tensor probs;
       const bool windowed = c_.sliding_window && static_cast<int64_t>(i) >= c_.first_window_layer;
+      before_block(i);
       h = layers_[i]->forward(h, cos, sin, windowed ? window_block : block, token_mask,
                               in.cache ? &in.cache->layers[i] : nullptr,
                               in.output_attentions ? &probs : nullptr);
+      after_block(i, h);
       if (in.output_attentions) out.attentions.push_back(probs);
     }
     decoder_only_outputs(
@@ -375,6 +377,11 @@ class LlamaModelImpl : public PretrainedModelImpl {
   const ModelSummary& summary() const override { return summary_; }
   std::vector<FfnSlot*> ffn_slots() override {
     std::vector<FfnSlot*> out;
+    for (auto& l : layers_) out.push_back(l.get());
+    return out;
+  }
+  std::vector<torch::nn::Module*> blocks() override {
+    std::vector<torch::nn::Module*> out;
     for (auto& l : layers_) out.push_back(l.get());
     return out;
   }

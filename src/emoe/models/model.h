@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "emoe/core/block_hooks.h"
 #include "emoe/models/attention.h"
 #include "emoe/models/ffn_slot.h"
 
@@ -100,13 +101,31 @@ class PretrainedModelImpl : public torch::nn::Module {
   virtual void init_head() = 0;
   // The embedding matrix (for resizing, tying, and pretraining).
   virtual torch::Tensor input_embeddings() = 0;
+  // Each transformer block, in the order forward runs them (encoder-decoder: the encoder's, then
+  // the decoder's); forward calls the block hooks around each (train.sharding full).
+  virtual std::vector<torch::nn::Module*> blocks() = 0;
+  // Whether a block's parameter (its key inside the block) is read outside that block's forward
+  // (T5's relative position bias, which the stack computes before its first block): such a
+  // parameter cannot be gathered around the block alone.
+  virtual bool read_outside_block(const std::string& /*key_in_block*/) const { return false; }
+  // Hooks called around each block's forward (null: none). Not owned.
+  void set_block_hooks(BlockHooks* hooks) { block_hooks_ = hooks; }
+  BlockHooks* block_hooks() const { return block_hooks_; }
 
   // config.json to write back: the original fields with architectures/num_labels updated.
   nlohmann::json config_json() const;
   void set_config_json(nlohmann::json j) { config_json_ = std::move(j); }
 
  protected:
+  void before_block(size_t i) const {
+    if (block_hooks_) block_hooks_->before_forward(i);
+  }
+  void after_block(size_t i, const torch::Tensor& out) const {
+    if (block_hooks_) block_hooks_->after_forward(i, out);
+  }
+
   nlohmann::json config_json_;
+  BlockHooks* block_hooks_ = nullptr;
 };
 using ModelPtr = std::shared_ptr<PretrainedModelImpl>;
 

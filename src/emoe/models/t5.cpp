@@ -290,6 +290,8 @@ struct T5StackRecord {
   std::vector<torch::Tensor>* hidden = nullptr;
   std::vector<torch::Tensor>* attentions = nullptr;
   std::vector<torch::Tensor>* cross = nullptr;
+  BlockHooks* hooks = nullptr;  // called around each block; block indices start at first_block
+  size_t first_block = 0;
 };
 
 class T5StackImpl : public torch::nn::Module {
@@ -344,10 +346,12 @@ class T5StackImpl : public torch::nn::Module {
       if (rec.hidden) rec.hidden->push_back(h);
       torch::Tensor self_probs, cross_probs;
       const bool want = rec.attentions != nullptr;
+      if (rec.hooks) rec.hooks->before_forward(rec.first_block + i);
       h = blocks_[i]->forward(h, bias, encoder, cross_bias, token_mask,
                               cache ? &cache->layers[i] : nullptr,
                               cache ? &cache->cross[i] : nullptr, want ? &self_probs : nullptr,
                               want && decoder_ ? &cross_probs : nullptr);
+      if (rec.hooks) rec.hooks->after_forward(rec.first_block + i, h);
       if (want) rec.attentions->push_back(self_probs);
       if (want && decoder_ && rec.cross) rec.cross->push_back(cross_probs);
     }
@@ -446,6 +450,7 @@ class T5ModelImpl : public PretrainedModelImpl {
       T5StackRecord rec;
       if (in.output_hidden_states) rec.hidden = &out.encoder_hidden_states;
       if (in.output_attentions) rec.attentions = &out.encoder_attentions;
+      rec.hooks = block_hooks_;
       enc = encoder_->forward(shared_(ids), enc_mask, {}, {}, nullptr, rec);
     }
     if (enc_mask.defined())
@@ -481,6 +486,8 @@ class T5ModelImpl : public PretrainedModelImpl {
       rec.attentions = &out.attentions;
       rec.cross = &out.cross_attentions;
     }
+    rec.hooks = block_hooks_;
+    rec.first_block = encoder_->blocks().size();
     auto h = decoder_->forward(shared_(dec_ids), dec_mask, enc, enc_mask, in.cache, rec);
     out.last_hidden_state = h;
     if (head_ == Head::kSeq2SeqLM) {
@@ -504,6 +511,18 @@ class T5ModelImpl : public PretrainedModelImpl {
     for (auto* stack : {encoder_.get(), decoder_.get()})
       for (auto& b : stack->blocks()) out.push_back(b.get());
     return out;
+  }
+  std::vector<torch::nn::Module*> blocks() override {
+    std::vector<torch::nn::Module*> out;
+    for (auto* stack : {encoder_.get(), decoder_.get()})
+      for (auto& b : stack->blocks()) out.push_back(b.get());
+    return out;
+  }
+  // The stack computes the position bias from block 0's table before the first block runs.
+  bool read_outside_block(const std::string& key_in_block) const override {
+    const std::string s = "relative_attention_bias.weight";
+    return key_in_block.size() >= s.size() &&
+           key_in_block.compare(key_in_block.size() - s.size(), s.size(), s) == 0;
   }
 
   std::string module_key(const std::string& file_key) const override {

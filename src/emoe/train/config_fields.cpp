@@ -156,9 +156,10 @@ std::vector<ConfigField> make_fields() {
       {"train.trainable", "one of: all, moe-layers, gates", kNone,
        "what trains: as the method says, only the converted layers, or only their learned gates "
        "(the task head and adapters always)"},
-      {"train.sharding", "one of: none, optimizer, gradients", kNone,
+      {"train.sharding", "one of: none, optimizer, gradients, full", kNone,
        "data parallel: what each rank keeps only its share of (ZeRO 1: AdamW state; 2: also the "
-       "reduced gradients)"},
+       "reduced gradients; 3, full: also the weights of each transformer block, gathered around "
+       "its forward and backward)"},
       // instruction tuning
       {"instruct_data", text, kNone, "Alpaca-style JSON file (objective instruction)"},
       {"instruct_dev_fraction", num, open_open(0, 1), "share held out for the dev loss"},

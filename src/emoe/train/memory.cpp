@@ -82,7 +82,10 @@ TrainingMemory per_rank_memory(const TrainingMemory& whole, int64_t batch, int w
   m.activations = std::llround(static_cast<double>(whole.activations) *
                                static_cast<double>(per_rank_batch) / static_cast<double>(batch));
   if (level != ShardingLevel::kNone) m.optimizer = share(whole.optimizer);
-  if (level == ShardingLevel::kGradients) m.gradients = share(whole.gradients);
+  if (level == ShardingLevel::kGradients || level == ShardingLevel::kFull)
+    m.gradients = share(whole.gradients);
+  // full: the blocks' weights on their owners (plus the one block in use, not counted here)
+  if (level == ShardingLevel::kFull) m.weights = share(whole.weights);
   return m;
 }
 

@@ -712,9 +712,10 @@ void RunConfig::validate() const {
     bad("train.trainable",
         "gates: the avg-k gate has no parameters of its own (it is the mean of the keys); use a "
         "learned gate (emoe-learn, gmoe, moe.gate: linear or cosine) or moe-layers");
-  if (t.sharding != "none" && t.sharding != "optimizer" && t.sharding != "gradients")
+  if (t.sharding != "none" && t.sharding != "optimizer" && t.sharding != "gradients" &&
+      t.sharding != "full")
     bad("train.sharding",
-        fmt::format("expected none, optimizer or gradients, got '{}'", t.sharding));
+        fmt::format("expected none, optimizer, gradients or full, got '{}'", t.sharding));
   if (!prune_from.empty() && !uses_moe())
     bad("prune_from", "needs an MoE method (emoe, emoe+lora, ...)");
   if (!prune_from.empty() && prune_keep < 1) bad("prune_keep", "expected >= 1 with prune_from");

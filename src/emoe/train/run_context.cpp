@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -205,6 +206,46 @@ void check_resume(TrainContext& c, bool resume) {
   }
 }
 
+namespace {
+
+// The parameters of each transformer block that sharding full gathers around the block: those
+// registered once in the model (not tied to another module) and not read outside their block.
+std::vector<std::vector<ParameterShards::Member>> shardable_block_parameters(
+    PretrainedModelImpl& model) {
+  std::map<const void*, int> seen;
+  for (const auto& p : model.named_parameters()) seen[p.value().unsafeGetTensorImpl()] += 1;
+  const auto blocks = model.blocks();
+  std::vector<std::vector<ParameterShards::Member>> out(blocks.size());
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (const auto& p : blocks[b]->named_parameters())
+      if (seen[p.value().unsafeGetTensorImpl()] == 1 && !model.read_outside_block(p.key()))
+        out[b].push_back({p.value(), 0});
+  return out;
+}
+
+// sharding full: the trainable parameters outside the blocks and those inside, each balanced by
+// size over the ranks, so that every rank holds a like share of the blocks' weights as well as
+// of the AdamW state.
+std::vector<int> full_sharding_owners(PretrainedModelImpl& model,
+                                      const std::vector<torch::Tensor>& params, int world) {
+  std::set<const void*> in_blocks;
+  for (const auto& block : shardable_block_parameters(model))
+    for (const auto& m : block) in_blocks.insert(m.param.unsafeGetTensorImpl());
+  std::vector<int64_t> numel[2];
+  for (const auto& p : params) numel[in_blocks.count(p.unsafeGetTensorImpl())].push_back(p.numel());
+  const std::vector<int> owner[2] = {partition_by_size(numel[0], world),
+                                     partition_by_size(numel[1], world)};
+  std::vector<int> out;
+  size_t next[2] = {0, 0};
+  for (const auto& p : params) {
+    const size_t side = in_blocks.count(p.unsafeGetTensorImpl());
+    out.push_back(owner[side][next[side]++]);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::unique_ptr<GradientSync> start_gradient_sync(TrainContext& c, Optimizer& opt) {
   if (!c.comm) {
     if (c.cfg.train.sharding != "none")
@@ -221,12 +262,18 @@ std::unique_ptr<GradientSync> start_gradient_sync(TrainContext& c, Optimizer& op
     c.comm->broadcast(all, 0);
   }
   const ShardingLevel level = parse_sharding(c.cfg.train.sharding, "run config: train.sharding");
-  auto sync = std::make_unique<GradientSync>(*c.comm, opt.parameters(), level);
+  auto sync = std::make_unique<GradientSync>(
+      *c.comm, opt.parameters(), level, 25 << 20,
+      level == ShardingLevel::kFull
+          ? full_sharding_owners(*c.model, opt.parameters(), c.comm->size())
+          : std::vector<int>{});
   if (sync->sharded())
     spdlog::info(
         "sharding {} (ZeRO stage {}): this rank owns {} of {} trainable parameters; "
         "gradients {} in {} bucket(s)",
-        to_string(level), level == ShardingLevel::kOptimizer ? 1 : 2, sync->owned_numel(),
+        to_string(level),
+        level == ShardingLevel::kOptimizer ? 1 : (level == ShardingLevel::kGradients ? 2 : 3),
+        sync->owned_numel(),
         [&] {
           int64_t n = 0;
           for (auto& p : opt.parameters()) n += p.numel();
@@ -237,6 +284,40 @@ std::unique_ptr<GradientSync> start_gradient_sync(TrainContext& c, Optimizer& op
   else
     spdlog::info("gradients all-reduced in {} bucket(s)", sync->buckets());
   return sync;
+}
+
+std::unique_ptr<ParameterShards> start_parameter_shards(TrainContext& c, Optimizer& opt,
+                                                        const GradientSync& sync) {
+  if (!c.comm || sync.level() != ShardingLevel::kFull) return nullptr;
+  std::map<const void*, size_t> trainable;
+  const auto params = opt.parameters();
+  for (size_t k = 0; k < params.size(); ++k) trainable[params[k].unsafeGetTensorImpl()] = k;
+  auto members = shardable_block_parameters(*c.model);
+  // trainable: owned as the gradients are; frozen (adapters' base weights): balanced by size
+  std::vector<ParameterShards::Member*> frozen;
+  std::vector<int64_t> frozen_numel;
+  for (auto& block : members)
+    for (auto& m : block) {
+      const auto t = trainable.find(m.param.unsafeGetTensorImpl());
+      if (t != trainable.end()) {
+        m.owner = sync.owner(t->second);
+      } else {
+        frozen.push_back(&m);
+        frozen_numel.push_back(m.param.numel());
+      }
+    }
+  const auto frozen_owner = partition_by_size(frozen_numel, c.comm->size());
+  for (size_t i = 0; i < frozen.size(); ++i) frozen[i]->owner = frozen_owner[i];
+  auto shards = std::make_unique<ParameterShards>(*c.comm, std::move(members));
+  int64_t total = 0;
+  for (const auto& p : c.model->parameters()) total += p.numel();
+  spdlog::info(
+      "sharding full: {} of the {} blocks' {} parameters live on this rank between uses ({} of "
+      "the model's {} are outside the blocks and stay whole)",
+      shards->owned_numel(), shards->blocks(), shards->sharded_numel(),
+      total - shards->sharded_numel(), total);
+  c.model->set_block_hooks(shards.get());
+  return shards;
 }
 
 void prepare_run(TrainContext& c) {

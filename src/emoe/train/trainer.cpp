@@ -89,6 +89,9 @@ struct MicroBatch {
 class TrainLoop {
  public:
   TrainLoop(TrainContext& c, bool resume);
+  ~TrainLoop();
+  TrainLoop(const TrainLoop&) = delete;
+  TrainLoop& operator=(const TrainLoop&) = delete;
   TrainResult run();
 
  private:
@@ -106,6 +109,13 @@ class TrainLoop {
   void drop_unowned_optimizer_state();
   double clip_sharded_gradients();
   nlohmann::json memory_record();
+  // train.sharding full: the blocks' weights gathered (on every rank, or on `keep` alone) while
+  // it lives; the memory this takes is left out of the training's peak, as a checkpoint's is.
+  struct WholeWeights {
+    WholeWeights(TrainLoop& loop, int keep);
+    ~WholeWeights();
+    TrainLoop& loop;
+  };
 
   TrainContext& c_;
   const TrainOptions& o_;
@@ -114,6 +124,7 @@ class TrainLoop {
   const std::string metrics_path_, best_path_;
   TrainState st_;
   std::unique_ptr<GradientSync> sync_;
+  std::unique_ptr<ParameterShards> shards_;  // train.sharding full
   UsageRecorder usage_;
   Progress progress_;
   bool done_ = false;
@@ -125,6 +136,11 @@ class TrainLoop {
   // the most CPU tensor memory held outside checkpoint writing (which gathers the whole AdamW
   // state on rank 0 under sharding)
   int64_t peak_bytes_ = 0;
+  int unmeasured_ = 0;  // inside a WholeWeights: what is held now is not the training's
+  // peak_bytes_ takes the allocator's peak so far (outside WholeWeights)
+  void note_peak() {
+    if (unmeasured_ == 0) peak_bytes_ = std::max(peak_bytes_, cpu_tensor_peak_bytes());
+  }
   std::chrono::steady_clock::time_point window_start_;
 };
 
@@ -153,6 +169,24 @@ TrainLoop::TrainLoop(TrainContext& c, bool resume)
   window_start_ = std::chrono::steady_clock::now();
 }
 
+TrainLoop::~TrainLoop() {
+  if (shards_) c_.model->set_block_hooks(nullptr);
+}
+
+TrainLoop::WholeWeights::WholeWeights(TrainLoop& l, int keep) : loop(l) {
+  if (!loop.shards_) return;
+  loop.note_peak();
+  loop.unmeasured_ += 1;
+  loop.shards_->gather_all(keep);
+}
+
+TrainLoop::WholeWeights::~WholeWeights() {
+  if (!loop.shards_) return;
+  loop.shards_->release_all();
+  loop.unmeasured_ -= 1;
+  reset_cpu_tensor_peak();
+}
+
 void TrainLoop::restore(bool resume) {
   if (resume && load_checkpoint(c_.dir, *c_.model, opt_, st_)) {
     spdlog::info("resumed {} at step {} (epoch {}, batch {})", c_.dir, st_.step, st_.epoch + 1,
@@ -167,6 +201,7 @@ void TrainLoop::restore(bool resume) {
 
 void TrainLoop::start_sync_and_usage() {
   sync_ = start_gradient_sync(c_, opt_);
+  if (sync_) shards_ = start_parameter_shards(c_, opt_, *sync_);
   drop_unowned_optimizer_state();  // a resumed checkpoint holds every rank's share
   usage_ = UsageRecorder(*c_.model);
   if (c_.comm) {
@@ -179,14 +214,15 @@ void TrainLoop::start_sync_and_usage() {
 }
 
 void TrainLoop::checkpoint() {
-  peak_bytes_ = std::max(peak_bytes_, cpu_tensor_peak_bytes());
+  note_peak();
   struct RestartPeak {  // the checkpoint's own memory is not the training's
     ~RestartPeak() { reset_cpu_tensor_peak(); }
   } restart_peak;
   // sharded: every rank sends its share of the optimiser state to rank 0 first, so that the
   // checkpoint is whole and resumes at any world size and sharding level
   if (sync_ && sync_->sharded()) gather_optimizer_state();
-  if (!c_.main_rank()) return;  // rank 0 writes; every rank resumes from it
+  WholeWeights weights(*this, 0);  // full: the blocks' weights on rank 0
+  if (!c_.main_rank()) return;     // rank 0 writes; every rank resumes from it
   st_.metrics_bytes = static_cast<int64_t>(fs::file_size(metrics_path_));
   st_.usage = usage_.to_json();
   save_checkpoint(c_.dir, *c_.model, opt_, st_);
@@ -247,7 +283,7 @@ double TrainLoop::clip_sharded_gradients() {
 // of writing a checkpoint left out), with the sharding level: results.json's "memory" and a log
 // line.
 nlohmann::json TrainLoop::memory_record() {
-  peak_bytes_ = std::max(peak_bytes_, cpu_tensor_peak_bytes());
+  note_peak();
   std::vector<double> mine = {static_cast<double>(peak_bytes_),
                               static_cast<double>(opt_.state_bytes())};
   std::vector<std::vector<double>> all = {mine};
@@ -308,6 +344,7 @@ bool TrainLoop::train_batch(int64_t epoch, int64_t b, const std::vector<int64_t>
   }
   if (!skip_window_ && !ex.empty() && m.count > 0)
     (m.loss * (m.scale / static_cast<double>(o_.grad_accum))).backward();
+  if (shards_) shards_->release_all();  // the block backward reached last
   if (std::isfinite(m.loss_value))
     loss_acc_ += m.mean_loss, aux_acc_ += m.aux_loss, loss_count_ += 1;
   tokens_acc_ += static_cast<int64_t>(m.tokens);
@@ -386,7 +423,11 @@ bool TrainLoop::optimizer_step(int64_t epoch, int64_t b) {
                skips_in_a_row_, st_.step + 1, o_.max_consecutive_skips);
   } else {
     opt_.step();
-    if (sync_) sync_->broadcast_parameters();  // sharded: each owner's updated weights to all
+    if (shards_)  // full: the blocks' weights stay with their owners until used
+      sync_->broadcast_parameters(
+          [&, params = opt_.parameters()](size_t k) { return shards_->manages(params[k]); });
+    else if (sync_)
+      sync_->broadcast_parameters();  // sharded: each owner's updated weights to all
     skips_in_a_row_ = 0;
   }
   opt_.zero_grad();
@@ -436,6 +477,9 @@ void TrainLoop::log_step(int64_t epoch, double lr) {
 
 // Evaluation at the end of every epoch; the best one by the objective's main score is kept.
 void TrainLoop::end_epoch(int64_t epoch) {
+  // full: the evaluation runs on every rank over its share of the examples (different counts of
+  // forwards per rank), so the weights are gathered whole for it
+  WholeWeights weights(*this, -1);
   auto sets = evaluate_all(c_, usage_, st_.step);
   const double score = c_.objective->main_score(sets);
   nlohmann::json record = {
@@ -478,6 +522,11 @@ TrainResult TrainLoop::run() {
     return result;
   }
   const nlohmann::json memory = memory_record();
+  if (shards_) {  // full: the whole model on rank 0, which writes the deliverables
+    shards_->gather_all(0);
+    shards_->detach_all();
+    c_.model->set_block_hooks(nullptr);
+  }
   if (c_.comm) {
     c_.comm->barrier();  // every rank finished; rank 0 alone writes the deliverables
     if (!c_.main_rank()) return result;
