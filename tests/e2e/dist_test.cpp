@@ -281,10 +281,10 @@ TEST(Distributed, ShardedCheckpointsResumeAtAnotherWorldSize) {
 }
 
 // Sharding on the other architectures' block loops: a Llama (stories260K) with EMoE layers at
-// every level against one process (no dropout there), and a T5 (encoder and decoder blocks, the
-// position bias read outside its block) with LoRA — frozen weights sharded too — at full against
-// plain data parallel (T5's dropout draws per rank).
-TEST(Distributed, FullShardingOnLlamaAndT5) {
+// every level on 2 and on 4 ranks against one process (no dropout there), and a T5 (encoder and
+// decoder blocks, the position bias read outside its block) with LoRA — frozen weights sharded too
+// — at full against plain data parallel (T5's dropout draws per rank).
+TEST(Distributed, ShardingOnLlamaAt2And4RanksAndFullOnT5) {
   EMOE_REQUIRE_SHARED(llama, "models/stories260K/hf");
   EMOE_REQUIRE_SHARED(tok, "fixtures/tokenizers/llama-tok512");
   EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
@@ -293,17 +293,20 @@ TEST(Distributed, FullShardingOnLlamaAndT5) {
   auto r1 = emoe::test::run_emoe(
       train_args(llama, "emoe", one, 12, "--set threads=1 --set train.lr=1e-3"));
   ASSERT_EQ(r1.exit_code, 0) << r1.err;
-  for (const std::string level : {"optimizer", "gradients", "full"}) {
-    SCOPED_TRACE("stories260K emoe sharding " + level);
-    const auto two = tmp.file("llama-" + level);
-    auto r2 = emoe::test::run_emoe(
-        train_args(llama, "emoe", two, 12,
-                   "--set threads=1 --set train.lr=1e-3 --nproc 2 --sharding " + level));
-    ASSERT_EQ(r2.exit_code, 0) << r2.err;
-    const auto [loss, weight] = run_difference(one, two);
-    EXPECT_LT(loss, 1e-5);
-    EXPECT_LT(weight, 1e-5);
-  }
+  // 2 ranks at every level, and 4 ranks (2 examples each) at every level
+  for (const int ranks : {2, 4})
+    for (const std::string level : {"optimizer", "gradients", "full"}) {
+      SCOPED_TRACE(fmt::format("stories260K emoe, {} ranks, sharding {}", ranks, level));
+      const auto many = tmp.file(fmt::format("llama-{}-{}", ranks, level));
+      auto r2 = emoe::test::run_emoe(
+          train_args(llama, "emoe", many, 12,
+                     fmt::format("--set threads=1 --set train.lr=1e-3 --nproc {} --sharding {}",
+                                 ranks, level)));
+      ASSERT_EQ(r2.exit_code, 0) << r2.err;
+      const auto [loss, weight] = run_difference(one, many);
+      EXPECT_LT(loss, 1e-5);
+      EXPECT_LT(weight, 1e-5);
+    }
   {
     std::ofstream corpus(tmp.file("corpus.txt"));
     corpus << "a small corpus line for the tiny model\nanother line of text\n";
