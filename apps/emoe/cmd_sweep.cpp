@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "emoe/analysis/plot.h"
 #include "emoe/core/error.h"
 #include "emoe/eval/metrics.h"
 #include "emoe/io/atomic_file.h"
@@ -53,19 +54,23 @@ void check_no_repeats(const std::vector<std::string>& values, const std::string&
     EMOE_CHECK(seen.insert(v).second, UsageError, "{}: {} '{}' is listed twice", flag, what, v);
 }
 
-// The grid: the cartesian product of key=v1,v2 options ("lr" is short for train.lr).
+// A --grid option's key (the short names spelled out) and its values.
+std::pair<std::string, std::vector<std::string>> grid_axis(const std::string& g) {
+  auto eq = g.find('=');
+  EMOE_CHECK(eq != std::string::npos && eq > 0, UsageError, "--grid {}: expected key=v1,v2,...", g);
+  std::string key = g.substr(0, eq);
+  if (key == "lr" || key == "epochs" || key == "batch_size" || key == "seed") key = "train." + key;
+  return {key, split_commas(g.substr(eq + 1))};
+}
+
+// The grid: the cartesian product of key=v1,v2 options ("lr" is short for train.lr); the first
+// option varies slowest.
 std::vector<std::vector<std::string>> grid_points(const std::vector<std::string>& grid) {
   std::vector<std::vector<std::string>> points = {{}};
   std::set<std::string> keys;
   for (const auto& g : grid) {
-    auto eq = g.find('=');
-    EMOE_CHECK(eq != std::string::npos && eq > 0, UsageError, "--grid {}: expected key=v1,v2,...",
-               g);
-    std::string key = g.substr(0, eq);
-    if (key == "lr" || key == "epochs" || key == "batch_size" || key == "seed")
-      key = "train." + key;
+    const auto [key, values] = grid_axis(g);
     EMOE_CHECK(keys.insert(key).second, UsageError, "--grid {}: key '{}' is given twice", g, key);
-    const auto values = split_commas(g.substr(eq + 1));
     EMOE_CHECK(!values.empty(), UsageError, "--grid {}: expected key=v1,v2,...", g);
     check_no_repeats(values, "--grid " + g, "value");
     std::vector<std::vector<std::string>> next;
@@ -80,10 +85,70 @@ std::vector<std::vector<std::string>> grid_points(const std::vector<std::string>
   return points;
 }
 
+// A two-key grid (e.g. moe.experts x moe.topk, the papers' k/N grid): per evaluation set the mean
+// over seeds at every point as a table (rows: the first key's values, columns: the second's) and
+// as heatmap panels in METHOD/grid.png. Returns the markdown.
+std::string write_grid_report(
+    const std::string& root, const std::string& method, const std::vector<std::string>& grid,
+    const std::vector<std::map<std::string, std::vector<double>>>& per_point,
+    const std::vector<std::string>& set_names, const std::string& metric) {
+  const auto [row_key, rows] = grid_axis(grid[0]);
+  const auto [col_key, cols] = grid_axis(grid[1]);
+  std::string md = fmt::format("\n{}: {} (rows) x {} (columns), {} mean over seeds\n", method,
+                               row_key, col_key, metric);
+  std::vector<HeatmapSpec> panels;
+  for (const auto& set : set_names) {
+    HeatmapSpec h;
+    h.title = set;
+    h.y_label = row_key;
+    h.x_label = col_key;
+    h.value_label = metric;
+    h.row_labels = rows;
+    h.column_labels = cols;
+    h.annotate = true;
+    md += fmt::format("\n| {} | {} |\n|---|{}\n", set, fmt::join(cols, " | "), [&] {
+      std::string seps;
+      for (size_t c = 0; c < cols.size(); ++c) seps += "---|";
+      return seps;
+    }());
+    for (size_t r = 0; r < rows.size(); ++r) {
+      std::vector<double> line;
+      std::vector<std::string> cells;
+      for (size_t c = 0; c < cols.size(); ++c) {
+        const auto it = per_point[r * cols.size() + c].find(set);
+        const auto s = it == per_point[r * cols.size() + c].end() ? MeanStd{}
+                                                                  : mean_population_std(it->second);
+        line.push_back(s.n ? s.mean : std::nan(""));
+        cells.push_back(s.n ? fmt::format("{:.2f} ± {:.2f}", s.mean, s.std) : "-");
+      }
+      h.values.push_back(line);
+      md += fmt::format("| {} | {} |\n", rows[r], fmt::join(cells, " | "));
+    }
+    panels.push_back(h);
+  }
+  // one colour scale over the panels, from the values (not from 0: scores differ little)
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  for (const auto& p : panels)
+    for (const auto& row : p.values)
+      for (double v : row)
+        if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
+  if (std::isfinite(lo) && !panels.empty()) {
+    panels[0].vmin = lo;
+    panels[0].vmax = hi > lo ? hi : lo + 1;
+  }
+  const auto dir = fs::path(root) / method;
+  fs::create_directories(dir);
+  write_heatmap_panels_png((dir / "grid.png").string(),
+                           fmt::format("{}: {} over {} x {}", method, metric, row_key, col_key),
+                           panels);
+  return md;
+}
+
 // sweep.md (printed too) and sweep.json in the sweep's root folder.
 void write_sweep_report(const SweepArgs& a, const RunConfig& base, const std::string& root,
                         const std::vector<std::string>& set_names,
-                        const std::vector<std::string>& table, const nlohmann::json& all) {
+                        const std::vector<std::string>& table, const std::string& grids,
+                        const nlohmann::json& all) {
   std::string seps;
   for (size_t i = 0; i < set_names.size(); ++i) seps += "---|";
   std::string header =
@@ -98,10 +163,10 @@ void write_sweep_report(const SweepArgs& a, const RunConfig& base, const std::st
   }
   std::string md = fmt::format(
       "{} on {} ({}), mean ± population std (divided by n, as the papers) over seeds {} at each "
-      "run's best epoch: {}\n\n{}{}\n",
+      "run's best epoch: {}\n\n{}{}\n{}",
       base.model, classification ? base.task : "instructions",
       a.methods.empty() ? base.method : fmt::format("{}", fmt::join(a.methods, ",")),
-      fmt::join(a.seeds, ","), metric, header, fmt::join(table, "\n"));
+      fmt::join(a.seeds, ","), metric, header, fmt::join(table, "\n"), grids);
   std::cout << md;
   fs::create_directories(root);
   write_text_atomic((fs::path(root) / "sweep.md").string(), md);
@@ -200,6 +265,7 @@ void run_sweep(const SweepArgs& a) {
   nlohmann::json all = nlohmann::json::array();
   std::vector<std::string> table;
   std::vector<std::string> set_names;
+  std::string grids;  // two-key grids: a table and heatmaps per method
   for (const auto& method : methods) {
     // per grid point: the best-epoch dev score of each seed, and the sets' main metrics
     std::vector<std::map<std::string, std::vector<double>>> per_point(points.size());
@@ -252,8 +318,11 @@ void run_sweep(const SweepArgs& a) {
         "| {} | {} | {} |", method,
         points[best_pi].empty() ? "default" : fmt::format("{}", fmt::join(points[best_pi], " ")),
         fmt::join(cells, " | ")));
+    if (a.grid.size() == 2)
+      grids += write_grid_report(root, method, a.grid, per_point, set_names,
+                                 main_metric == "dev_loss" ? "dev loss" : main_metric);
   }
-  write_sweep_report(a, base, root, set_names, table, all);
+  write_sweep_report(a, base, root, set_names, table, grids, all);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // End to end: train EMoE, then `emoe analyze`, `emoe prune`, pruning -> training, `emoe bench`.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "emoe/io/hf_config.h"
 #include "support/test_support.h"
@@ -108,4 +110,45 @@ TEST(AnalysisCli, BenchPrintsOneRowPerMethod) {
   EXPECT_EQ(rows[0]["parameters"], rows[2]["parameters"]) << "EMoE adds no parameters";
   EXPECT_LT(rows[1]["trainable"].get<int64_t>(), rows[0]["trainable"].get<int64_t>());
   EXPECT_EQ(run_emoe("bench " + stories + " --methods magic").exit_code, 2);
+}
+
+// A sweep over two keys (the papers' k/N grid): besides the best-point table, a table per
+// evaluation set of the mean over seeds at every (N, k), rows the first key, and heatmap panels
+// in METHOD/grid.png; each cell is the mean of its runs' best-epoch dev scores.
+TEST(AnalysisCli, SweepOverTwoKeysWritesTheGridTableAndHeatmap) {
+  EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
+  EMOE_REQUIRE_SHARED(data, "data");
+  emoe::test::TempDir tmp;
+  {
+    std::ofstream cfg(tmp.file("sweep.yaml"));
+    cfg << "model: " << bert << "\ntask: sst2\nmethod: emoe\ndata_dir: " << data
+        << "\nood: []\nsave_best: false\nmoe: {kmeans: {restarts: 1}}\n"
+           "train: {epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 32, "
+           "max_eval_examples: 32}\n";
+  }
+  auto r = run_emoe("sweep -c " + tmp.file("sweep.yaml") +
+                    " --grid moe.experts=4,8 --grid moe.topk=1,2 --seeds 0,1 -o " + tmp.file("sw"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(tmp.file("sw/emoe/grid.png")));
+  std::ifstream in(tmp.file("sw/sweep.md"));
+  std::string md((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(md.find("emoe: moe.experts (rows) x moe.topk (columns), accuracy mean over seeds"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(md.find("| dev | 1 | 2 |"), std::string::npos) << md;
+  // the cell of N 8, k 2: the mean of its two seeds' best-epoch dev accuracy
+  const auto runs = nlohmann::json::parse(std::ifstream(tmp.file("sw/sweep.json")));
+  std::vector<double> n8k2;
+  for (const auto& run : runs)
+    if (run["point"] == nlohmann::json({"moe.experts=8", "moe.topk=2"}))
+      n8k2.push_back(run["results"]["dev"]["metrics"]["accuracy"].get<double>());
+  ASSERT_EQ(n8k2.size(), 2u);
+  const double mean = (n8k2[0] + n8k2[1]) / 2;
+  const double sd = std::fabs(n8k2[0] - n8k2[1]) / 2;
+  const auto row = md.find("| 8 | ", md.find("| dev | 1 | 2 |"));
+  ASSERT_NE(row, std::string::npos) << md;
+  const auto line = md.substr(row, md.find('\n', row) - row);
+  EXPECT_NE(line.find(fmt::format("| {:.2f} ± {:.2f} |", mean, sd)), std::string::npos)
+      << line << "\n"
+      << md;
 }

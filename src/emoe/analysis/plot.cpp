@@ -48,7 +48,7 @@ void plot_colour(bool diverging, double t, double& r, double& g, double& b) {
 }
 
 void plot_text(cairo_t* cr, double x, double y, const std::string& s, double size, double align = 0,
-               bool bold = false, bool vertical = false) {
+               bool bold = false, bool vertical = false, double shade = 0.1) {
   cairo_select_font_face(cr, "DejaVu Sans", CAIRO_FONT_SLANT_NORMAL,
                          bold ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
   cairo_set_font_size(cr, size);
@@ -58,7 +58,7 @@ void plot_text(cairo_t* cr, double x, double y, const std::string& s, double siz
   cairo_translate(cr, x, y);
   if (vertical) cairo_rotate(cr, -M_PI / 2);
   cairo_move_to(cr, -align * ext.width, ext.height / 2);
-  cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
+  cairo_set_source_rgb(cr, shade, shade, shade);
   cairo_show_text(cr, s.c_str());
   cairo_restore(cr);
 }
@@ -67,6 +67,16 @@ std::string plot_number(double v) {
   if (v == 0) return "0";
   if (std::fabs(v) >= 1e6 || std::fabs(v) < 0.01) return fmt::format("{:.1e}", v);
   if (std::fabs(v) >= 10) return fmt::format("{:.0f}", v);
+  return fmt::format("{:.2f}", v);
+}
+
+// A colour-bar label: plot_number, with enough decimals that ticks `span` apart differ.
+std::string plot_tick_number(double v, double span) {
+  const double a = std::fabs(v);
+  if (v == 0 || a >= 1e6 || a < 0.01) return plot_number(v);
+  const double step = span / 4.0;
+  if (step >= 1) return fmt::format("{:.0f}", v);
+  if (step >= 0.1) return fmt::format("{:.1f}", v);
   return fmt::format("{:.2f}", v);
 }
 
@@ -137,6 +147,11 @@ void plot_panel(cairo_t* cr, const HeatmapSpec& s, double x, double y, double w,
         }
         cairo_rectangle(cr, x0, y + r * ch, x1 - x0 + 0.5, ch + 0.5);
         cairo_fill(cr);
+        if (s.annotate && std::isfinite(s.values[r][c])) {
+          const double luminance = 0.299 * R + 0.587 * G + 0.114 * B;  // light text on dark
+          plot_text(cr, (x0 + x1) / 2, y + (r + 0.5) * ch, fmt::format("{:.2f}", s.values[r][c]),
+                    11, 0.5, false, false, luminance < 0.5 ? 0.95 : 0.1);
+        }
       }
     auto ticks = [](size_t n) { return std::max<size_t>(1, (n + 15) / 16); };
     for (size_t r = 0; r < rows && r < s.row_labels.size(); r += ticks(rows))
@@ -190,7 +205,7 @@ void plot_colorbar(cairo_t* cr, double x, double y, double h, double lo, double 
   cairo_stroke(cr);
   for (int t = 0; t <= 4; ++t) {
     double v = lo + (hi - lo) * t / 4.0;
-    plot_text(cr, x + 22, y + h - h * t / 4.0, plot_number(v), 11, 0.0);
+    plot_text(cr, x + 22, y + h - h * t / 4.0, plot_tick_number(v, hi - lo), 11, 0.0);
   }
   plot_text(cr, x + 70, y + h / 2, label, 12, 0.5, false, true);
 }

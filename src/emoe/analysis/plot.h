@@ -17,6 +17,8 @@ struct HeatmapSpec {
   // column_ends[c]] from 0, drawn to scale, with evenly spaced round ticks (axis_ticks) instead of
   // column_labels. One per column, increasing.
   std::vector<double> column_ends;
+  // Each cell's value written in it (small grids, e.g. a k/N sweep).
+  bool annotate = false;
 };
 
 // Round tick values 0, s, 2s, ... <= hi, with s = 1, 2 or 5 x 10^k (about 4 intervals).
