@@ -1,6 +1,8 @@
 // ParameterShards (train.sharding full) on two ranks in two threads of this process: a block's
 // weights are present exactly while it runs forward or backward, the outputs and gradients are
 // those of the unsharded blocks bit for bit, and gather_all/release_all gather where asked.
+#include "emoe/dist/param_shards.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -10,7 +12,6 @@
 
 #include "emoe/core/error.h"
 #include "emoe/dist/communicator.h"
-#include "emoe/dist/param_shards.h"
 
 namespace {
 

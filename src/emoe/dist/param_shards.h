@@ -67,7 +67,7 @@ class ParameterShards : public BlockHooks {
   Communicator& comm_;
   std::vector<std::vector<Member>> blocks_;
   std::vector<char> gathered_;
-  int pinned_ = 0;     // depth of gather_all()
+  int pinned_ = 0;       // depth of gather_all()
   int pinned_for_ = -1;  // the outermost gather_all's keep
   bool detached_ = false;
   std::set<const void*> managed_;  // the parameters' TensorImpls
