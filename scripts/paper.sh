@@ -14,6 +14,7 @@
 #   full: seeds 0,1,2, 2,000 training examples, 3 epochs, writes docs/paper_results.md (hours)
 #   --quick: seed 0, 48 examples, 1 epoch, 2 tasks per table; writes OUT/paper_results.md (minutes)
 #   OUT=runs/paper (the sweeps; finished runs are reused, so an interrupted run can be restarted)
+#   full only: SEEDS=0,1,2, GLUE_FULL="cola sst2 mrpc rte stsb", GLUE_LORA="cola mrpc rte"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -34,7 +35,9 @@ if (( quick )); then
   instruct=(--set train.max_train_examples=48 --set mmlu_max_questions=20 --set instruct_dev_fraction=0.25)
   md=${MD:-$out/paper_results.md}
 else
-  seeds=0,1,2 glue_full=(cola sst2 mrpc rte stsb) glue_lora=(cola mrpc rte)
+  seeds=${SEEDS:-0,1,2}
+  read -r -a glue_full <<< "${GLUE_FULL:-cola sst2 mrpc rte stsb}"
+  read -r -a glue_lora <<< "${GLUE_LORA:-cola mrpc rte}"
   size=()
   instruct=()
   md=${MD:-docs/paper_results.md}
