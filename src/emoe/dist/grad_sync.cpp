@@ -78,7 +78,7 @@ std::vector<int> partition_by_size(const std::vector<int64_t>& numels, int world
 }
 
 GradientSync::GradientSync(Communicator& comm, std::vector<at::Tensor> params, ShardingLevel level,
-                           int64_t bucket_bytes, std::vector<int> owners)
+                           std::vector<int> owners, int64_t bucket_bytes)
     : comm_(comm), params_(std::move(params)), level_(level) {
   std::vector<int64_t> numels;
   for (const auto& p : params_) numels.push_back(p.numel());
@@ -96,6 +96,7 @@ GradientSync::GradientSync(Communicator& comm, std::vector<at::Tensor> params, S
   }
   bucket_of_.assign(params_.size(), 0);
   ready_.assign(params_.size(), 0);
+  left_to_owner_.assign(params_.size(), 0);
   int64_t bytes = 0;
   for (size_t k = params_.size(); k-- > 0;) {
     const auto& p = params_[k];
@@ -243,7 +244,13 @@ double GradientSync::global_grad_norm_sq() {
   return comm_.all_reduce_sum(std::vector<double>{local})[0];
 }
 
-void GradientSync::broadcast_parameters(const std::function<bool(size_t)>& skip) {
+void GradientSync::leave_to_owners(std::vector<char> by_index) {
+  EMOE_CHECK(by_index.size() == params_.size(), RuntimeError,
+             "GradientSync: {} flags for {} parameters", by_index.size(), params_.size());
+  left_to_owner_ = std::move(by_index);
+}
+
+void GradientSync::broadcast_parameters() {
   if (!sharded()) return;
   torch::NoGradGuard no_grad;
   for (auto& bp : buckets_) {
@@ -251,7 +258,7 @@ void GradientSync::broadcast_parameters(const std::function<bool(size_t)>& skip)
     std::vector<size_t> sent;
     int64_t numel = 0;
     for (size_t k : b.members)
-      if (!skip || !skip(k)) sent.push_back(k), numel += params_[k].numel();
+      if (!left_to_owner_[k]) sent.push_back(k), numel += params_[k].numel();
     if (sent.empty()) continue;
     at::Tensor buf;
     if (b.owner == comm_.rank()) {

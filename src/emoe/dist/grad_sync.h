@@ -19,7 +19,6 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,8 +40,8 @@ class GradientSync {
  public:
   // owners: the rank that owns each parameter (sharded levels); empty: partition_by_size.
   GradientSync(Communicator& comm, std::vector<at::Tensor> params,
-               ShardingLevel level = ShardingLevel::kNone, int64_t bucket_bytes = 25 << 20,
-               std::vector<int> owners = {});
+               ShardingLevel level = ShardingLevel::kNone, std::vector<int> owners = {},
+               int64_t bucket_bytes = 25 << 20);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -61,8 +60,11 @@ class GradientSync {
   // global gradient norm); none: of every gradient (already averaged).
   double global_grad_norm_sq();
   // Sharded: each owner broadcasts its parameters (after its optimiser step), bucket by bucket,
-  // but those `skip` names (parameters gathered where they are used: sharding full).
-  void broadcast_parameters(const std::function<bool(size_t)>& skip = {});
+  // but those left to their owners.
+  void broadcast_parameters();
+  // Parameters (by index, 1 = left) that stay with their owner after the step: sharding full
+  // gathers them where they are used.
+  void leave_to_owners(std::vector<char> by_index);
 
   ShardingLevel level() const { return level_; }
   bool sharded() const { return level_ != ShardingLevel::kNone; }
@@ -90,6 +92,7 @@ class GradientSync {
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<size_t> bucket_of_;
   std::vector<char> ready_;
+  std::vector<char> left_to_owner_;                  // not broadcast after the step
   std::vector<std::shared_ptr<void>> accumulators_;  // keeps the hooked grad accumulators alive
   size_t next_launch_ = 0;
   bool armed_ = false;

@@ -55,7 +55,6 @@ ParameterShards::ParameterShards(Communicator& comm, std::vector<std::vector<Mem
                  "sharding full: a parameter of block {} ({}) is a view into a larger storage; "
                  "it cannot be sharded on its own",
                  b, fmt::join(p.sizes(), "x"));
-      managed_.insert(p.unsafeGetTensorImpl());
       EMOE_CHECK(m.owner >= 0 && m.owner < comm_.size(), RuntimeError,
                  "sharding full: owner {} of a parameter of block {} is not a rank of {}", m.owner,
                  b, comm_.size());
@@ -175,10 +174,6 @@ void ParameterShards::release_all() {
 
 void ParameterShards::detach_all() {
   detached_ = true;
-}
-
-bool ParameterShards::manages(const at::Tensor& param) const {
-  return managed_.count(param.unsafeGetTensorImpl()) > 0;
 }
 
 int64_t ParameterShards::held_numel() const {

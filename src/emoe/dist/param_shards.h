@@ -13,7 +13,6 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <set>
 #include <vector>
 
 #include "emoe/core/block_hooks.h"
@@ -50,8 +49,6 @@ class ParameterShards : public BlockHooks {
   // to keep the whole model there).
   void detach_all();
 
-  // Whether `param` is one of the sharded parameters.
-  bool manages(const at::Tensor& param) const;
   // Elements of sharded parameters this rank holds storage for now, and in all.
   int64_t held_numel() const;
   int64_t sharded_numel() const;
@@ -70,7 +67,6 @@ class ParameterShards : public BlockHooks {
   int pinned_ = 0;       // depth of gather_all()
   int pinned_for_ = -1;  // the outermost gather_all's keep
   bool detached_ = false;
-  std::set<const void*> managed_;  // the parameters' TensorImpls
   int64_t gathers_ = 0;
 };
 

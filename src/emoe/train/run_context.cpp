@@ -263,7 +263,7 @@ std::unique_ptr<GradientSync> start_gradient_sync(TrainContext& c, Optimizer& op
   }
   const ShardingLevel level = parse_sharding(c.cfg.train.sharding, "run config: train.sharding");
   auto sync = std::make_unique<GradientSync>(
-      *c.comm, opt.parameters(), level, 25 << 20,
+      *c.comm, opt.parameters(), level,
       level == ShardingLevel::kFull
           ? full_sharding_owners(*c.model, opt.parameters(), c.comm->size())
           : std::vector<int>{});
@@ -287,7 +287,7 @@ std::unique_ptr<GradientSync> start_gradient_sync(TrainContext& c, Optimizer& op
 }
 
 std::unique_ptr<ParameterShards> start_parameter_shards(TrainContext& c, Optimizer& opt,
-                                                        const GradientSync& sync) {
+                                                        GradientSync& sync) {
   if (!c.comm || sync.level() != ShardingLevel::kFull) return nullptr;
   std::map<const void*, size_t> trainable;
   const auto params = opt.parameters();
@@ -296,11 +296,13 @@ std::unique_ptr<ParameterShards> start_parameter_shards(TrainContext& c, Optimiz
   // trainable: owned as the gradients are; frozen (adapters' base weights): balanced by size
   std::vector<ParameterShards::Member*> frozen;
   std::vector<int64_t> frozen_numel;
+  std::vector<char> left_to_owner(params.size(), 0);
   for (auto& block : members)
     for (auto& m : block) {
       const auto t = trainable.find(m.param.unsafeGetTensorImpl());
       if (t != trainable.end()) {
         m.owner = sync.owner(t->second);
+        left_to_owner[t->second] = 1;
       } else {
         frozen.push_back(&m);
         frozen_numel.push_back(m.param.numel());
@@ -308,6 +310,7 @@ std::unique_ptr<ParameterShards> start_parameter_shards(TrainContext& c, Optimiz
     }
   const auto frozen_owner = partition_by_size(frozen_numel, c.comm->size());
   for (size_t i = 0; i < frozen.size(); ++i) frozen[i]->owner = frozen_owner[i];
+  sync.leave_to_owners(std::move(left_to_owner));
   auto shards = std::make_unique<ParameterShards>(*c.comm, std::move(members));
   int64_t total = 0;
   for (const auto& p : c.model->parameters()) total += p.numel();

@@ -55,10 +55,11 @@ void check_resume(TrainContext& c, bool resume);
 // gradients over the ranks; nullptr otherwise.
 std::unique_ptr<GradientSync> start_gradient_sync(TrainContext& c, Optimizer& opt);
 // train.sharding full: each transformer block's parameters (trainable ones owned as `sync` owns
-// them, frozen ones balanced by size) kept by their owner alone and gathered around each use; the
-// hooks are installed on the model. Null at the other levels.
+// them, frozen ones balanced by size) kept by their owner alone and gathered around each use (so
+// `sync` leaves them to their owners after the step); the hooks are installed on the model. Null
+// at the other levels.
 std::unique_ptr<ParameterShards> start_parameter_shards(TrainContext& c, Optimizer& opt,
-                                                        const GradientSync& sync);
+                                                        GradientSync& sync);
 // Tokenizer, objective data and model (with the method applied), then the run folder with
 // config.json: bad input is reported before the folder is written, and leaves nothing behind.
 void prepare_run(TrainContext& c);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 
 #include "emoe/core/error.h"
 #include "emoe/core/logging.h"
@@ -109,12 +110,20 @@ class TrainLoop {
   void drop_unowned_optimizer_state();
   double clip_sharded_gradients();
   nlohmann::json memory_record();
+  // While it lives, the memory held is not the training's (a checkpoint's, gathered weights):
+  // the peak so far is noted first, and the allocator's peak restarts when it goes.
+  struct Unmeasured {
+    explicit Unmeasured(TrainLoop& loop);
+    ~Unmeasured();
+    TrainLoop& loop;
+  };
   // train.sharding full: the blocks' weights gathered (on every rank, or on `keep` alone) while
-  // it lives; the memory this takes is left out of the training's peak, as a checkpoint's is.
+  // it lives, unmeasured. Nothing at the other levels.
   struct WholeWeights {
     WholeWeights(TrainLoop& loop, int keep);
     ~WholeWeights();
     TrainLoop& loop;
+    std::optional<Unmeasured> unmeasured;
   };
 
   TrainContext& c_;
@@ -136,8 +145,8 @@ class TrainLoop {
   // the most CPU tensor memory held outside checkpoint writing (which gathers the whole AdamW
   // state on rank 0 under sharding)
   int64_t peak_bytes_ = 0;
-  int unmeasured_ = 0;  // inside a WholeWeights: what is held now is not the training's
-  // peak_bytes_ takes the allocator's peak so far (outside WholeWeights)
+  int unmeasured_ = 0;  // Unmeasured scopes open
+  // peak_bytes_ takes the allocator's peak so far (outside Unmeasured scopes)
   void note_peak() {
     if (unmeasured_ == 0) peak_bytes_ = std::max(peak_bytes_, cpu_tensor_peak_bytes());
   }
@@ -173,18 +182,24 @@ TrainLoop::~TrainLoop() {
   if (shards_) c_.model->set_block_hooks(nullptr);
 }
 
-TrainLoop::WholeWeights::WholeWeights(TrainLoop& l, int keep) : loop(l) {
-  if (!loop.shards_) return;
+TrainLoop::Unmeasured::Unmeasured(TrainLoop& l) : loop(l) {
   loop.note_peak();
   loop.unmeasured_ += 1;
+}
+
+TrainLoop::Unmeasured::~Unmeasured() {
+  loop.unmeasured_ -= 1;
+  reset_cpu_tensor_peak();
+}
+
+TrainLoop::WholeWeights::WholeWeights(TrainLoop& l, int keep) : loop(l) {
+  if (!loop.shards_) return;
+  unmeasured.emplace(loop);
   loop.shards_->gather_all(keep);
 }
 
 TrainLoop::WholeWeights::~WholeWeights() {
-  if (!loop.shards_) return;
-  loop.shards_->release_all();
-  loop.unmeasured_ -= 1;
-  reset_cpu_tensor_peak();
+  if (loop.shards_) loop.shards_->release_all();
 }
 
 void TrainLoop::restore(bool resume) {
@@ -214,10 +229,7 @@ void TrainLoop::start_sync_and_usage() {
 }
 
 void TrainLoop::checkpoint() {
-  note_peak();
-  struct RestartPeak {  // the checkpoint's own memory is not the training's
-    ~RestartPeak() { reset_cpu_tensor_peak(); }
-  } restart_peak;
+  Unmeasured unmeasured(*this);  // the checkpoint's own memory is not the training's
   // sharded: every rank sends its share of the optimiser state to rank 0 first, so that the
   // checkpoint is whole and resumes at any world size and sharding level
   if (sync_ && sync_->sharded()) gather_optimizer_state();
@@ -423,11 +435,7 @@ bool TrainLoop::optimizer_step(int64_t epoch, int64_t b) {
                skips_in_a_row_, st_.step + 1, o_.max_consecutive_skips);
   } else {
     opt_.step();
-    if (shards_)  // full: the blocks' weights stay with their owners until used
-      sync_->broadcast_parameters(
-          [&, params = opt_.parameters()](size_t k) { return shards_->manages(params[k]); });
-    else if (sync_)
-      sync_->broadcast_parameters();  // sharded: each owner's updated weights to all
+    if (sync_) sync_->broadcast_parameters();  // sharded: each owner's updated weights to all
     skips_in_a_row_ = 0;
   }
   opt_.zero_grad();
