@@ -28,8 +28,10 @@ void run_pretrain_cmd(const PretrainArgs& a) {
   auto r = run_pretraining(cfg);
   out.keep();
   std::cout << fmt::format(
-      "{}: {} ({} parameters, vocabulary {}), {} steps in {:.1f} s, loss {:.3f} -> {:.3f}\n", r.dir,
-      cfg.arch, r.parameters, r.vocab_size, r.steps, r.seconds, r.first_loss, r.final_loss);
+      "{}: {} ({} parameters, vocabulary {}), {} steps in {:.1f} s, loss {:.3f} -> {:.3f}{}\n",
+      r.dir, cfg.init.empty() ? cfg.arch : cfg.init, r.parameters, r.vocab_size, r.steps, r.seconds,
+      r.first_loss, r.final_loss,
+      r.dev_loss < 0 ? "" : fmt::format(", dev loss {:.4f}", r.dev_loss));
 }
 
 }  // namespace

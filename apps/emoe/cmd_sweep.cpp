@@ -277,6 +277,16 @@ void run_sweep(const SweepArgs& a) {
       nlohmann::json res;
       auto res_path = fs::path(out) / "results.json";
       if (fs::exists(res_path)) {
+        // a finished run is reused only if it is this run (not, e.g., the same task on
+        // another model written to the same -o)
+        const auto saved = fs::path(out) / "config.json";
+        EMOE_CHECK(fs::exists(saved), UsageError,
+                   "{}: holds results.json but no config.json; delete it or choose another -o",
+                   out);
+        auto differ = run_config_differences(JsonFields::from_file(saved.string()).raw(), run.cfg);
+        EMOE_CHECK(differ.empty(), UsageError,
+                   "{}: finished with another config ({}); delete it or choose another -o", out,
+                   fmt::join(differ, ", "));
         res = JsonFields::from_file(res_path.string()).raw();
         spdlog::info("sweep: {} done before; reusing its results", out);
       } else {

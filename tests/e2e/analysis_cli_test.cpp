@@ -151,4 +151,15 @@ TEST(AnalysisCli, SweepOverTwoKeysWritesTheGridTableAndHeatmap) {
   EXPECT_NE(line.find(fmt::format("| {:.2f} ± {:.2f} |", mean, sd)), std::string::npos)
       << line << "\n"
       << md;
+  // run again: the finished runs are reused; with another config in the same -o: refused
+  const std::string again = "sweep -c " + tmp.file("sweep.yaml") +
+                            " --grid moe.experts=4,8 --grid moe.topk=1,2 --seeds 0,1 -o " +
+                            tmp.file("sw");
+  auto same = run_emoe(again);
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_NE(same.err.find("done before; reusing its results"), std::string::npos) << same.err;
+  auto other = run_emoe(again + " --set train.lr=0.001");
+  EXPECT_EQ(other.exit_code, 2) << other.err;
+  EXPECT_NE(other.err.find("finished with another config (train.lr: "), std::string::npos)
+      << other.err;
 }

@@ -159,6 +159,9 @@ void make_fixtures(const std::string& t, const std::string& bert, const std::str
   bad_write(t + "/header.tsv", "sentence\tlabel\n");
   bad_write(t + "/empty_out.json",
             R"([{"instruction": "a", "output": ""}, {"instruction": "b", "output": ""}])");
+  fs::create_directories(t + "/done-sweep/emoe/default/seed-0");  // a finished run, another config
+  bad_write(t + "/done-sweep/emoe/default/seed-0/results.json", "{}");
+  bad_write(t + "/done-sweep/emoe/default/seed-0/config.json", R"({"train": {"lr": 0.5}})");
   fs::create_directories(t + "/run");
   bad_write(t + "/run/config.json", R"({"train": {}})");
 }

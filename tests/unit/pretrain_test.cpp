@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 
@@ -131,6 +132,80 @@ TEST(Pretrain, BertMaskedLmLearnsAndSavesALoadableModel) {
   c2.output = tmp.file("m2");
   auto r2 = emoe::run_pretraining(c2);
   EXPECT_EQ(r2.final_loss, r.final_loss);
+}
+
+// The dev loss is measured on fixed masks: the trained model's last dev loss is reproduced exactly
+// by measuring the saved model as `init` with steps 0 (which writes no model), and continuing
+// from `init` in bf16-mixed lowers it.
+TEST(Pretrain, DevLossOnFixedMasksIsReproducedFromTheSavedModelAndContinuationLowersIt) {
+  emoe::test::TempDir tmp;
+  emoe::SyntheticOptions so;
+  so.corpus_sentences = 600, so.train = so.dev = so.ood = 1;
+  emoe::write_synthetic_reviews(emoe::make_synthetic_reviews(so), tmp.file("d"));
+  {  // held-out lines: the last 100 of the corpus, the rest to train on
+    std::ifstream in(tmp.file("d/corpus.txt"));
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    ASSERT_GT(lines.size(), 200u);
+    std::ofstream tr(tmp.file("train.txt")), dv(tmp.file("dev.txt"));
+    for (size_t i = 0; i < lines.size(); ++i)
+      (i + 100 < lines.size() ? tr : dv) << lines[i] << "\n";
+  }
+  auto c = tiny_pretrain(tmp.file("train.txt"), tmp.file("m"));
+  c.dev_corpus = tmp.file("dev.txt");
+  c.dev_every = 20;
+  c.max_dev_sequences = 64;
+  auto r = emoe::run_pretraining(c);
+  ASSERT_GT(r.dev_loss, 0);
+  std::vector<double> devs;
+  {
+    std::ifstream log(tmp.file("m/pretrain.jsonl"));
+    for (std::string l; std::getline(log, l);) {
+      auto j = nlohmann::json::parse(l);
+      if (j.contains("dev_loss")) devs.push_back(j["dev_loss"].get<double>());
+    }
+  }
+  ASSERT_EQ(devs.size(), 3u);  // steps 20, 40 and the end (60)
+  EXPECT_LT(devs.back(), devs.front());
+  EXPECT_EQ(devs.back(), r.dev_loss);
+
+  emoe::PretrainConfig e;  // the saved model measured again: the same masks, the same loss
+  e.corpus = c.corpus;
+  e.dev_corpus = c.dev_corpus;
+  e.max_dev_sequences = 64;
+  e.batch_size = c.batch_size;
+  e.max_length = c.max_length;
+  e.init = tmp.file("m");
+  e.steps = 0;
+  e.output = tmp.file("eval");
+  auto re = emoe::run_pretraining(e);
+  EXPECT_EQ(re.dev_loss, r.dev_loss);
+  EXPECT_FALSE(fs::exists(tmp.file("eval/model.safetensors")));
+  EXPECT_TRUE(fs::exists(tmp.file("eval/pretrain.jsonl")));
+
+  auto b = e;  // continued from the saved model in bf16-mixed
+  b.steps = 40;
+  b.lr = 3e-3;
+  b.precision = "bf16-mixed";
+  b.output = tmp.file("more");
+  auto rb = emoe::run_pretraining(b);
+  EXPECT_LT(rb.dev_loss, r.dev_loss - 0.05) << r.dev_loss << " -> " << rb.dev_loss;
+  auto model = emoe::load_model(tmp.file("more"));
+  EXPECT_EQ(model->summary().hidden_size, 32);  // the init's shape, not the config's default
+  EXPECT_TRUE(fs::exists(tmp.file("more/vocab.txt")));
+
+  auto msg = [](const std::vector<std::string>& sets) {
+    try {
+      emoe::load_pretrain_config("", sets);
+    } catch (const emoe::InputError& err) {
+      return std::string(err.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg({"corpus=x", "steps=0"}).find("steps: expected >= 1 (0 only to measure"),
+            std::string::npos);
+  EXPECT_NE(msg({"corpus=x", "precision=fp16"}).find("precision: expected fp32 or bf16-mixed"),
+            std::string::npos);
 }
 
 TEST(Pretrain, LlamaCausalLmWithAGivenTokenizer) {

@@ -11,6 +11,10 @@ LayerNormImpl::LayerNormImpl(int64_t dim, double eps) : dim_(dim), eps_(eps) {
 }
 
 torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
+  // under bf16 autocast a bfloat16 input (e.g. a linear's output without a float32 residual, as
+  // BERT's MLM head) is normalised in the weights' float32, as autocast's float32 ops
+  if (x.scalar_type() != weight.scalar_type())
+    return torch::layer_norm(x.to(weight.scalar_type()), {dim_}, weight, bias, eps_);
   return torch::layer_norm(x, {dim_}, weight, bias, eps_);
 }
 

@@ -27,7 +27,19 @@ struct PretrainConfig {
   uint64_t seed = 0;
   std::string output = "runs/pretrained";
   std::string device = "cpu", dtype = "float32";
+  // fp32 | bf16-mixed: the matrix products in bfloat16 under autocast, weights and AdamW float32
+  std::string precision = "fp32";
   int threads = 0;
+  // Held-out text (one document per line): its loss is measured with the same objective every
+  // dev_every steps (0: at the end only) and at the end, over the first max_dev_sequences
+  // sequences, masked / corrupted once with a fixed seed that does not depend on `seed`, so the
+  // figure is comparable between runs and between models that share a tokenizer.
+  std::string dev_corpus;
+  int64_t dev_every = 0, max_dev_sequences = 2000;
+  // A model folder to continue pretraining from (its config.json sets the shape; the size keys
+  // are ignored; tokenizer "train" means its own tokenizer). With steps 0 nothing is trained: the
+  // dev loss of `init` is measured and logged, and no model is written.
+  std::string init;
 
   nlohmann::json to_json() const;
   static PretrainConfig from_json(const nlohmann::json& j, const std::string& where);
@@ -41,6 +53,7 @@ PretrainConfig load_pretrain_config(const std::string& path,
 struct PretrainResult {
   std::string dir;
   double first_loss = 0, final_loss = 0;  // mean over the first / last log window
+  double dev_loss = -1;                   // at the end, per labelled token (-1: no dev_corpus)
   int64_t steps = 0, parameters = 0, vocab_size = 0;
   double seconds = 0;
 };

@@ -785,4 +785,45 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   return c;
 }
 
+namespace {
+
+// The keys whose values differ between a saved and a given run config ("train.lr: 3e-05 in
+// config.json, 0.0001 given"), recursively.
+void config_differences(const nlohmann::json& saved, const nlohmann::json& now,
+                        const std::string& prefix, std::vector<std::string>& out) {
+  if (saved.is_object() && now.is_object()) {
+    std::set<std::string> keys;
+    for (auto it = saved.begin(); it != saved.end(); ++it) keys.insert(it.key());
+    for (auto it = now.begin(); it != now.end(); ++it) keys.insert(it.key());
+    for (const std::string& k : keys) {
+      const nlohmann::json none;
+      config_differences(saved.contains(k) ? saved.at(k) : none, now.contains(k) ? now.at(k) : none,
+                         prefix.empty() ? k : prefix + "." + k, out);
+    }
+    return;
+  }
+  if (saved != now)
+    out.push_back(fmt::format("{}: {} in config.json, {} given", prefix, saved.dump(), now.dump()));
+}
+
+}  // namespace
+
+std::vector<std::string> run_config_differences(nlohmann::json saved, const RunConfig& cfg) {
+  auto now = cfg.to_json();
+  // nor how the ranks share the optimiser state: a checkpoint holds it whole (gathered)
+  for (const char* key : {"stop_after_steps", "sharding"}) {
+    if (saved.contains("train")) saved["train"].erase(key);
+    now["train"].erase(key);
+  }
+  // where the folder lives and how many threads compute it are not part of the run: a copied
+  // or moved run folder resumes, on another machine as well
+  for (const char* key : {"output", "threads"}) {
+    saved.erase(key);
+    now.erase(key);
+  }
+  std::vector<std::string> differ;
+  config_differences(saved, now, "", differ);
+  return differ;
+}
+
 }  // namespace emoe

@@ -141,6 +141,11 @@ std::string dataset_name(const std::string& train_file);
 // YAML (or JSON) file -> config, with `key=value` overrides applied on top ("train.lr=3e-5",
 // "moe.layers=[2,3]", "method=lora"). Errors name the file and the key.
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The keys whose values differ between a run folder's saved config.json and `cfg` ("train.lr:
+// 3e-05 in config.json, 0.0001 given"), leaving out what is not part of the run: the output
+// folder, threads, train.stop_after_steps and train.sharding. Empty: the same run.
+std::vector<std::string> run_config_differences(nlohmann::json saved, const RunConfig& cfg);
 // A YAML (or JSON) file as JSON, scalars typed as YAML reads them (InputError naming the file).
 nlohmann::json load_yaml_file(const std::string& path);
 // The YAML file (or {} without a path) with the overrides applied; `where` becomes the path.

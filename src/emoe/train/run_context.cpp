@@ -149,25 +149,6 @@ void start_train_process(TrainContext& c, const DistOptions& dist) {
 
 namespace {
 
-// The keys whose values differ between a saved and a given run config ("train.lr: 3e-05 in
-// config.json, 0.0001 given"), recursively.
-void config_differences(const nlohmann::json& saved, const nlohmann::json& now,
-                        const std::string& prefix, std::vector<std::string>& out) {
-  if (saved.is_object() && now.is_object()) {
-    std::set<std::string> keys;
-    for (auto it = saved.begin(); it != saved.end(); ++it) keys.insert(it.key());
-    for (auto it = now.begin(); it != now.end(); ++it) keys.insert(it.key());
-    for (const std::string& k : keys) {
-      const nlohmann::json none;
-      config_differences(saved.contains(k) ? saved.at(k) : none, now.contains(k) ? now.at(k) : none,
-                         prefix.empty() ? k : prefix + "." + k, out);
-    }
-    return;
-  }
-  if (saved != now)
-    out.push_back(fmt::format("{}: {} in config.json, {} given", prefix, saved.dump(), now.dump()));
-}
-
 // One run per folder: a second writer stops before it reads or writes anything there.
 void lock_run_folder(TrainContext& c) {
   if (c.main_rank() && !c.lock && fs::is_directory(c.dir))
@@ -184,21 +165,8 @@ void check_resume(TrainContext& c, bool resume) {
              "another output",
              c.dir);
   if (resume && fs::exists(fs::path(c.dir) / "config.json")) {
-    auto saved = JsonFields::from_file((fs::path(c.dir) / "config.json").string()).raw();
-    auto now = c.cfg.to_json();
-    // nor how the ranks share the optimiser state: a checkpoint holds it whole (gathered)
-    for (const char* key : {"stop_after_steps", "sharding"}) {
-      saved["train"].erase(key);
-      now["train"].erase(key);
-    }
-    // where the folder lives and how many threads compute it are not part of the run: a copied
-    // or moved run folder resumes, on another machine as well
-    for (const char* key : {"output", "threads"}) {
-      saved.erase(key);
-      now.erase(key);
-    }
-    std::vector<std::string> differ;
-    config_differences(saved, now, "", differ);
+    auto differ = run_config_differences(
+        JsonFields::from_file((fs::path(c.dir) / "config.json").string()).raw(), c.cfg);
     EMOE_CHECK(differ.empty(), UsageError,
                "{}: --resume needs the run's own config; config.json differs from the one given "
                "in {}",
