@@ -269,7 +269,7 @@ SpanCorruption span_corrupt(const std::vector<int64_t>& ids, double density, dou
 
 namespace {
 
-// One batch of an objective: the model's inputs on `device` and the number of labelled positions.
+// One batch of an objective: the model's inputs on `device`.
 struct PretrainBatcher {
   const Tokenizer& tok;
   const PretrainConfig& cfg;
@@ -278,9 +278,8 @@ struct PretrainBatcher {
   std::vector<int64_t> sentinels;
   std::set<int64_t> special_ids;
 
-  std::pair<ModelInputs, int64_t> make(std::vector<const std::vector<int64_t>*> batch,
-                                       at::Generator& gen, std::mt19937_64& rng,
-                                       const c10::Device& device) const {
+  ModelInputs make(std::vector<const std::vector<int64_t>*> batch, at::Generator& gen,
+                   std::mt19937_64& rng, const c10::Device& device) const {
     const auto rows = static_cast<int64_t>(batch.size());
     std::vector<SpanCorruption> corrupted;
     corrupted.reserve(batch.size());  // `batch` points into it
@@ -325,9 +324,14 @@ struct PretrainBatcher {
     in.attention_mask = mask.to(device);
     in.labels = labels.to(device);
     in.output_logits = false;  // the loss only (causal LMs: the chunked LM head, lm_loss.h)
-    // a causal LM predicts every labelled position but the first of each row
-    const int64_t labelled = (labels != -100).sum().item<int64_t>() - (mlm || span ? 0 : rows);
-    return {std::move(in), std::max<int64_t>(labelled, 1)};
+    return in;
+  }
+
+  // The positions a batch's loss averages over (a dev batch's weight): the labelled ones; a causal
+  // LM predicts every labelled position but the first of each row.
+  int64_t labelled(const ModelInputs& in) const {
+    const int64_t n = (in.labels != -100).sum().item<int64_t>();
+    return std::max<int64_t>(n - (mlm || span ? 0 : in.labels.size(0)), 1);
   }
 };
 
@@ -464,7 +468,9 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
       for (size_t i = b; i < std::min(dev_seqs.size(), b + static_cast<size_t>(cfg.batch_size));
            ++i)
         batch.push_back(&dev_seqs[i]);
-      dev.push_back(batcher.make(batch, dev_gen, dev_rng, device));
+      auto in = batcher.make(batch, dev_gen, dev_rng, device);
+      const int64_t labelled = batcher.labelled(in);
+      dev.emplace_back(std::move(in), labelled);
     }
     spdlog::info("pretrain: dev set of {} sequences from {}", dev_seqs.size(), cfg.dev_corpus);
   }
@@ -514,7 +520,7 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
     std::vector<const std::vector<int64_t>*> batch;
     for (int64_t i = 0; i < cfg.batch_size; ++i)
       batch.push_back(&seqs[std::uniform_int_distribution<size_t>(0, seqs.size() - 1)(rng)]);
-    auto in = batcher.make(batch, gen, rng, device).first;
+    auto in = batcher.make(batch, gen, rng, device);
     torch::Tensor loss;
     {
       PrecisionScope scope(precision, device);  // forward and loss; backward follows the graph

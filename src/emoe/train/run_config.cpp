@@ -810,7 +810,8 @@ void config_differences(const nlohmann::json& saved, const nlohmann::json& now,
 
 std::vector<std::string> run_config_differences(nlohmann::json saved, const RunConfig& cfg) {
   auto now = cfg.to_json();
-  // nor how the ranks share the optimiser state: a checkpoint holds it whole (gathered)
+  // where a run stops early and how the ranks share the optimiser state are not part of the run
+  // (a checkpoint holds the state whole, gathered)
   for (const char* key : {"stop_after_steps", "sharding"}) {
     if (saved.contains("train")) saved["train"].erase(key);
     now["train"].erase(key);
