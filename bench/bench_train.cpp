@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "bench_common.h"
+#include "bench_models.h"
 #include "emoe/analysis/flops.h"
 #include "emoe/core/cpu_info.h"
 #include "emoe/core/error.h"
@@ -66,29 +67,11 @@ struct Shape {
 Shape model_shape(const std::string& name, const Args& a) {
   Shape s;
   if (name == "bert-base") {
-    s.config = {{"model_type", "bert"},      {"architectures", {"BertForSequenceClassification"}},
-                {"vocab_size", 30522},       {"hidden_size", 768},
-                {"num_hidden_layers", 12},   {"num_attention_heads", 12},
-                {"intermediate_size", 3072}, {"max_position_embeddings", 512},
-                {"type_vocab_size", 2},      {"hidden_act", "gelu"},
-                {"pad_token_id", 0}};
+    s.config = emoe::bench::bert_base_config();
     s.head = emoe::Head::kSequenceClassification;
     s.batch = 16, s.seq = 128, s.experts = 64, s.topk = 16;
   } else if (name == "llama-style") {
-    s.config = {{"model_type", "llama"},
-                {"architectures", {"LlamaForCausalLM"}},
-                {"vocab_size", 32000},
-                {"hidden_size", 512},
-                {"num_hidden_layers", 8},
-                {"num_attention_heads", 8},
-                {"num_key_value_heads", 8},
-                {"intermediate_size", 1376},
-                {"max_position_embeddings", 2048},
-                {"hidden_act", "silu"},
-                {"rms_norm_eps", 1e-5},
-                {"bos_token_id", 1},
-                {"eos_token_id", 2},
-                {"tie_word_embeddings", false}};
+    s.config = emoe::bench::llama_style_config();
     s.head = emoe::Head::kCausalLM;
     s.batch = 8, s.seq = 256, s.experts = 32, s.topk = 8;
   } else {

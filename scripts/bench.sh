@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs every benchmark program and writes docs/performance/{gemm,train,ffn,dist}.md + train.json.
+# Runs every benchmark program and writes docs/performance/{gemm,train,ffn,generate,dist}.md +
+# train.json.
 # Usage: scripts/bench.sh [BUILD_DIR]   (default build/; takes about 20 minutes on 2 cores)
 # Quick check of the same code path: QUICK=1 scripts/bench.sh (tiny shapes, a minute).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 out=docs/performance
-for b in bench_gemm bench_train bench_ffn; do
+for b in bench_gemm bench_train bench_ffn bench_generate; do
   [[ -x "$build/bench/$b" ]] || { echo "bench.sh: $build/bench/$b not built (run scripts/setup.sh)" >&2; exit 2; }
 done
 mkdir -p "$out"
@@ -17,12 +18,14 @@ if [[ "${QUICK:-0}" == 1 ]]; then
     --json "$out/train.json" --markdown "$out/train.md" > /dev/null
   "$build/bench/bench_ffn" --tokens 128 --reps 1 > "$out/ffn.md"
   "$build/bench/bench_ffn" --tokens 128 --reps 1 --precision bf16 >> "$out/ffn.md"
+  "$build/bench/bench_generate" --layers 1 --prompt 8 --new 4 --reps 1 --batches 1,2 > "$out/generate.md"
   STEPS=4 BATCH=8 scripts/bench_dist.sh "$build" > "$out/dist.md"
-  cat "$out/gemm.md" "$out/train.md" "$out/ffn.md" "$out/dist.md"
+  cat "$out/gemm.md" "$out/train.md" "$out/ffn.md" "$out/generate.md" "$out/dist.md"
   exit 0
 fi
 "$build/bench/bench_gemm" | tee "$out/gemm.md"
 "$build/bench/bench_train" --steps 3 --json "$out/train.json" --markdown "$out/train.md"
 { "$build/bench/bench_ffn" --tokens 2048 --reps 5 && echo &&
   "$build/bench/bench_ffn" --tokens 2048 --reps 5 --precision bf16; } | tee "$out/ffn.md"
+"$build/bench/bench_generate" | tee "$out/generate.md"
 scripts/bench_dist.sh "$build" | tee "$out/dist.md"

@@ -11,6 +11,7 @@
 #include "emoe/io/safetensors.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/models/matmul.h"
+#include "emoe/models/small_gemm.h"
 #include "emoe/moe/convert.h"
 #include "emoe/moe/expert_ffn.h"
 #include "emoe/moe/expert_kernels.h"
@@ -57,6 +58,14 @@ void run_system(const InfoArgs& a) {
   };
   const auto [path32, experts32] = describe(at::kFloat);
   const auto [path16, experts16] = describe(at::kBFloat16);
+  // decoding's products (few rows): emoe's kernels or the library, measured per shape under auto
+  const std::string small = small_gemm_isa();
+  const std::string small_text =
+      small.empty() ? "library (EMOE_SMALL_GEMM=library, or no AVX2+FMA / AVX-512 kernels)"
+                    : fmt::format(
+                          "emoe's {} kernels, or the library where it measures faster per "
+                          "shape (EMOE_SMALL_GEMM pins one)",
+                          small);
   nlohmann::json j = {{"cpu", cpu.model},
                       {"logical_cores", cpu.cores},
                       {"clock_mhz", cpu.mhz},
@@ -68,6 +77,7 @@ void run_system(const InfoArgs& a) {
                       {"dispatched_experts_bfloat16", experts16},
                       {"dispatched_experts_float32_path", path32},
                       {"dispatched_experts_bfloat16_path", path16},
+                      {"decoding_products", small.empty() ? "library" : small},
                       {"theoretical_peak_gflops",
                        {{"float32", peak.fp32_gflops},
                         {"bfloat16", peak.bf16_gflops},
@@ -84,6 +94,8 @@ void run_system(const InfoArgs& a) {
             << fmt::format("isa          {}\n", cpu.isa_text())
             << fmt::format("threads      {} (ATen intra-op)\n", threads)
             << fmt::format("products     float32: {}\n", matmul_backend_name())
+            << fmt::format("decoding     products of at most {} rows: {}\n", kSmallGemmMaxRows,
+                           small_text)
             << fmt::format(
                    "experts      dispatched, at BERT-base's shape (chosen per shape by "
                    "measurement): float32 {}; bfloat16 {}\n",

@@ -7,7 +7,7 @@
 TEST(InfoSystem, DescribesTheMachineAndRefusesAModelFolderWithIt) {
   auto r = emoe::test::run_emoe("info --system");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* line : {"cpu ", "isa ", "threads ", "products ", "experts "})
+  for (const char* line : {"cpu ", "isa ", "threads ", "products ", "decoding ", "experts "})
     EXPECT_NE(r.out.find(line), std::string::npos) << line << " missing:\n" << r.out;
   auto j = emoe::test::run_emoe("info --system --json");
   ASSERT_EQ(j.exit_code, 0) << j.err;
@@ -48,4 +48,25 @@ TEST(InfoSystem, NamesTheBfloat16ExpertPathAndHonoursEmoeExpertKernels) {
             std::string::npos)
       << bad.err;
   EXPECT_NE(bad.err.find("got 'tpu'"), std::string::npos) << bad.err;
+}
+
+// Decoding's products: emoe's kernels (the best set this CPU has, or the library per shape),
+// the set EMOE_SMALL_GEMM names, and a clear error (exit 2) for one this CPU cannot run.
+TEST(InfoSystem, NamesTheDecodingProductsAndHonoursEmoeSmallGemm) {
+  ::unsetenv("EMOE_SMALL_GEMM");
+  auto j = emoe::test::run_emoe("info --system --json");
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  const auto small = nlohmann::json::parse(j.out)["decoding_products"].get<std::string>();
+  EXPECT_TRUE(small == "avx512-bf16" || small == "avx512" || small == "avx2" || small == "library")
+      << small;
+  ::setenv("EMOE_SMALL_GEMM", "library", 1);
+  auto lib = emoe::test::run_emoe("info --system --json");
+  ::setenv("EMOE_SMALL_GEMM", "neon", 1);
+  auto bad = emoe::test::run_emoe("info --system");
+  ::unsetenv("EMOE_SMALL_GEMM");
+  ASSERT_EQ(lib.exit_code, 0) << lib.err;
+  EXPECT_EQ(nlohmann::json::parse(lib.out)["decoding_products"], "library");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("EMOE_SMALL_GEMM: expected auto, library"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("got 'neon'"), std::string::npos) << bad.err;
 }

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "emoe/models/matmul.h"
+#include "emoe/models/small_gemm.h"
 
 namespace emoe {
 
@@ -78,6 +79,9 @@ torch::Tensor LinearImpl::autocast_weight() {
 }
 
 torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) {
+  // a few rows without gradients (decoding): the small-product kernels, at the weights' bandwidth
+  if (small_gemm_applies(x, weight, bias, options_.transposed))
+    return small_gemm_linear(x, weight, bias, options_.transposed);
   // float32 on an AVX-512 CPU: oneDNN's kernels, keeping only what the gradients need
   if (onednn_matmul_enabled(x)) return emoe::linear(x, weight_out_in(), bias);
   const auto w = autocast_weight();  // [out, in]
@@ -102,6 +106,14 @@ torch::Tensor LinearImpl::weight_out_in() const {
 
 std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers,
                                         const torch::Tensor& x) {
+  // decoding (a few rows, no gradients): each layer's small product reads its own weight once,
+  // where the fused product would first copy every weight into one
+  if (!layers.empty() && !layers[0]->adapter() &&
+      small_gemm_applies(x, layers[0]->weight, layers[0]->bias, layers[0]->options().transposed)) {
+    std::vector<torch::Tensor> out;
+    for (auto* l : layers) out.push_back(l->forward(x));
+    return out;
+  }
   bool fusable = layers.size() > 1;
   std::vector<LowRankUpdate> updates;
   int64_t column = 0;

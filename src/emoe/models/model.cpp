@@ -7,6 +7,7 @@
 #include "emoe/io/hf_config.h"
 #include "emoe/models/linear.h"
 #include "emoe/models/lm_loss.h"
+#include "emoe/models/small_gemm.h"
 
 namespace emoe {
 
@@ -81,7 +82,12 @@ void causal_lm_head(const torch::Tensor& h, LinearImpl* lm_head, const torch::Te
       return;
     }
   }
-  out.logits = lm_head ? lm_head->forward(h) : torch::linear(h, tied_weight);
+  if (lm_head)
+    out.logits = lm_head->forward(h);
+  else if (small_gemm_applies(h, tied_weight, {}, /*weight_kn=*/false))  // decoding
+    out.logits = small_gemm_linear(h, tied_weight, {}, /*weight_kn=*/false);
+  else
+    out.logits = torch::linear(h, tied_weight);
   if (in.labels.defined()) out.loss = causal_lm_loss(out.logits, in.labels);
 }
 

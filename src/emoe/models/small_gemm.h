@@ -1,0 +1,52 @@
+// Products with few rows, as decoding makes them (one new token per sequence per step):
+// y = x W^T (+ b) for x with at most kSmallGemmMaxRows rows, on the CPU, float32 or bfloat16.
+//
+// Why: such a product reads every weight once for a handful of multiply-adds, so its speed is
+// the speed of reading the weights. The libraries' general products do not reach it there:
+// measured on a 2-core Xeon with AMX, one row against a 32000 x 512 weight, OpenBLAS float32 read
+// the weights at ~6 GB/s and oneDNN bfloat16 at ~8 GB/s, where a plain sum of the same weights
+// ran at 18-28 GB/s. These kernels stream each weight row once, keep every row of x beside it
+// (so eight rows cost about what one does), and sum in float32: bfloat16 pairs by vdpbf16ps
+// where the CPU has AVX-512 BF16, else widened in registers. AVX-512 BF16, AVX-512F or AVX2+FMA,
+// the best the CPU has; elsewhere the library is used.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace emoe {
+
+constexpr int64_t kSmallGemmMaxRows = 8;
+
+// The kernels this process uses: "avx512-bf16" (AVX-512F, and vdpbf16ps for bfloat16 weights
+// stored [N, K]), "avx512", "avx2" or "" (none: the library's products).
+std::string small_gemm_isa();
+// "auto" (the default): the best kernels this CPU has, and for each product shape (dtype, rows,
+// K, N, layout, bias) the kernels and the library timed once on first sight, the faster kept
+// (the library must win by 15 %); e.g. eight rows against a bfloat16 weight may run faster on
+// oneDNN's AMX kernels. An instruction set this CPU has pins the kernels for every shape; ""
+// or "library" uses none. EMOE_SMALL_GEMM sets it at start-up; this function sets it for the
+// process (tests; benchmarks compare with the library in one process) and returns the previous
+// setting. Throws UsageError for a set this CPU lacks or an unknown name.
+std::string set_small_gemm_isa(const std::string& isa);
+// Shapes measured so far under auto, and how many of them chose the library.
+std::pair<int64_t, int64_t> small_gemm_measurements();
+
+// x [..., K] times a weight stored [N, K] (weight_kn false: a Linear's [out, in]) or [K, N]
+// (weight_kn true: GPT-2's Conv1D), plus bias [N] when defined; [..., N] in x's dtype, summed in
+// float32 and rounded once.
+// small_gemm_applies: true when small_gemm_linear computes these: kernels in use, x, weight (and
+// bias) on the CPU in one dtype (float32 or bfloat16), x with at most kSmallGemmMaxRows rows of
+// K, weight contiguous 2-D, no autocast, and no gradient wanted (grad mode off, or none of them
+// requires one).
+bool small_gemm_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                        bool weight_kn);
+at::Tensor small_gemm_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                             bool weight_kn);
+
+// How many products the kernels have computed in this process (tests check the path was taken).
+int64_t small_gemm_count();
+
+}  // namespace emoe

@@ -1,0 +1,192 @@
+// The small-product kernels (decoding's few rows) against float64, on every instruction set this
+// CPU has, and the conditions under which the layers take them.
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "emoe/core/error.h"
+#include "emoe/models/generate.h"
+#include "emoe/models/linear.h"
+#include "emoe/models/loader.h"
+#include "emoe/models/small_gemm.h"
+
+namespace {
+
+// The instruction sets this CPU runs the kernels with.
+std::vector<std::string> kernel_sets() {
+  const auto prev = emoe::set_small_gemm_isa("");  // (reads EMOE_SMALL_GEMM once)
+  std::vector<std::string> sets;
+  for (const std::string isa : {"avx512-bf16", "avx512", "avx2"}) {
+    try {
+      emoe::set_small_gemm_isa(isa);
+      sets.push_back(isa);
+    } catch (const emoe::UsageError&) {
+    }
+  }
+  emoe::set_small_gemm_isa(prev);
+  return sets;
+}
+
+struct IsaScope {  // pins the kernels for one block
+  std::string prev;
+  explicit IsaScope(const std::string& isa) : prev(emoe::set_small_gemm_isa(isa)) {}
+  ~IsaScope() { emoe::set_small_gemm_isa(prev); }
+};
+
+TEST(SmallGemm, EveryKernelSetMatchesFloat64InBothLayoutsAndDtypes) {
+  const auto sets = kernel_sets();
+  if (sets.empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::NoGradGuard no_grad;
+  // rows, K, N: tails of every block (K not a multiple of 8 or 16, N not of the row blocks or
+  // registers), one row, and the most rows
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {1, 5, 3}, {3, 37, 19}, {8, 130, 70}, {5, 16, 33}, {2, 512, 100}, {7, 64, 48}};
+  for (const auto& isa : sets) {
+    IsaScope pin(isa);
+    for (auto dtype : {torch::kFloat, torch::kBFloat16})
+      for (bool kn : {false, true})
+        for (bool with_bias : {false, true})
+          for (const auto& [m, k, n] : shapes) {
+            SCOPED_TRACE(fmt::format("{} {} {} bias {} M {} K {} N {}", isa,
+                                     dtype == torch::kFloat ? "float32" : "bfloat16",
+                                     kn ? "[K, N]" : "[N, K]", with_bias, m, k, n));
+            torch::manual_seed(m * 1000 + k + n);
+            auto x = torch::randn({m, k}).to(dtype);
+            auto w = (kn ? torch::randn({k, n}) : torch::randn({n, k})).to(dtype);
+            auto b = with_bias ? torch::randn({n}).to(dtype) : torch::Tensor();
+            ASSERT_TRUE(emoe::small_gemm_applies(x, w, b, kn));
+            const int64_t before = emoe::small_gemm_count();
+            auto y = emoe::small_gemm_linear(x, w, b, kn);
+            EXPECT_EQ(emoe::small_gemm_count(), before + 1);
+            ASSERT_EQ(y.scalar_type(), dtype);
+            ASSERT_EQ(y.sizes(), (std::vector<int64_t>{m, n}));
+            auto wd = kn ? w.to(torch::kDouble) : w.to(torch::kDouble).t();
+            auto ref = torch::mm(x.to(torch::kDouble), wd);
+            if (with_bias) ref = ref + b.to(torch::kDouble);
+            // float32 sums (order differs from float64's); bfloat16: rounded once at the end
+            const auto scale = torch::mm(x.to(torch::kDouble).abs(), wd.abs()) + 1.0;
+            const double rel = dtype == torch::kFloat ? 0.0 : std::ldexp(1.0, -8);
+            auto bound = ref.abs() * rel + scale * 1e-6;
+            EXPECT_TRUE(((y.to(torch::kDouble) - ref).abs() <= bound).all().item<bool>())
+                << "max error " << (y.to(torch::kDouble) - ref).abs().max().item<double>();
+          }
+  }
+}
+
+TEST(SmallGemm, TakenOnlyForFewRowsWithoutGradientsOrAutocast) {
+  if (kernel_sets().empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  IsaScope pin(kernel_sets().front());
+  auto w = torch::randn({6, 4});
+  auto x = torch::randn({2, 3, 4});  // 6 rows
+  EXPECT_TRUE(emoe::small_gemm_applies(x, w, {}, false));
+  EXPECT_FALSE(emoe::small_gemm_applies(x, w, {}, true));  // [K, N] = [6, 4]: K 6, not 4
+  EXPECT_FALSE(emoe::small_gemm_applies(torch::randn({9, 4}), w, {}, false));  // 9 rows
+  EXPECT_FALSE(emoe::small_gemm_applies(x.to(torch::kDouble), w.to(torch::kDouble), {}, false));
+  EXPECT_FALSE(emoe::small_gemm_applies(x.to(torch::kBFloat16), w, {}, false));  // mixed dtypes
+  EXPECT_FALSE(emoe::small_gemm_applies(x, w.t(), {}, true));  // not contiguous
+  EXPECT_FALSE(emoe::small_gemm_applies(x, w, torch::randn({5}), false));  // bias of 5, N 6
+  auto wg = w.clone().requires_grad_(true);
+  EXPECT_FALSE(emoe::small_gemm_applies(x, wg, {}, false));  // a gradient is wanted
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(emoe::small_gemm_applies(x, wg, {}, false));
+    at::autocast::set_cpu_enabled(true);
+    EXPECT_FALSE(emoe::small_gemm_applies(x, w, {}, false));
+    at::autocast::set_cpu_enabled(false);
+  }
+  {
+    IsaScope none("");
+    EXPECT_FALSE(emoe::small_gemm_applies(x, w, {}, false));
+    EXPECT_EQ(emoe::small_gemm_isa(), "");
+  }
+  EXPECT_THROW(emoe::set_small_gemm_isa("sse2"), emoe::UsageError);
+
+  // a Linear layer takes them in inference (its output keeps x's leading dims), not in training
+  emoe::Linear lin(emoe::LinearOptions{4, 6, true, false});
+  const int64_t before = emoe::small_gemm_count();
+  auto y_train = lin->forward(x);
+  EXPECT_EQ(emoe::small_gemm_count(), before);
+  torch::NoGradGuard no_grad;
+  auto y = lin->forward(x);
+  EXPECT_EQ(emoe::small_gemm_count(), before + 1);
+  EXPECT_EQ(y.sizes(), y_train.sizes());
+  EXPECT_TRUE(torch::allclose(y, y_train, 1e-5, 1e-5));
+}
+
+TEST(SmallGemm, AutoMeasuresEachShapeOnceAgainstTheLibraryAndGivesTheProduct) {
+  if (kernel_sets().empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  IsaScope pin("auto");
+  EXPECT_EQ(emoe::small_gemm_isa(), kernel_sets().front());  // the best set this CPU has
+  torch::NoGradGuard no_grad;
+  auto w = torch::randn({41, 23}), b = torch::randn({41});  // a shape no other test uses
+  auto x = torch::randn({3, 23});
+  const auto before = emoe::small_gemm_measurements();
+  auto y1 = emoe::small_gemm_linear(x, w, b, false);
+  const auto after_first = emoe::small_gemm_measurements();
+  EXPECT_EQ(after_first.first, before.first + 1);
+  auto y2 = emoe::small_gemm_linear(x, w, b, false);
+  EXPECT_EQ(emoe::small_gemm_measurements().first, after_first.first);  // measured once
+  auto ref = torch::linear(x, w, b);
+  EXPECT_TRUE(torch::allclose(y1, ref, 1e-5, 1e-5));
+  EXPECT_TRUE(torch::equal(y1, y2));  // the same path both times
+  (void)emoe::small_gemm_linear(torch::randn({4, 23}), w, b, false);  // 4 rows: another shape
+  EXPECT_EQ(emoe::small_gemm_measurements().first, after_first.first + 1);
+  EXPECT_EQ(emoe::set_small_gemm_isa("auto"), "auto");
+}
+
+// Greedy decoding of a random Llama (fused q/k/v, untied head) and GPT-2 (Conv1D [K, N] weights,
+// tied head) model, batch 3, float32: the same tokens and logits with the kernels as with the
+// library's products.
+TEST(SmallGemm, DecodingWithTheKernelsGivesTheLibrarysTokens) {
+  if (kernel_sets().empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  const nlohmann::json llama = {{"model_type", "llama"},
+                                {"architectures", {"LlamaForCausalLM"}},
+                                {"hidden_size", 48},
+                                {"intermediate_size", 80},
+                                {"num_hidden_layers", 2},
+                                {"num_attention_heads", 4},
+                                {"num_key_value_heads", 2},
+                                {"vocab_size", 300},
+                                {"max_position_embeddings", 64}};
+  const nlohmann::json gpt2 = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}},
+                               {"n_embd", 48},         {"n_layer", 2},
+                               {"n_head", 4},          {"vocab_size", 300},
+                               {"n_positions", 64}};
+  for (const auto& cfg : {llama, gpt2}) {
+    SCOPED_TRACE(cfg["model_type"].get<std::string>());
+    torch::manual_seed(0);
+    auto model = emoe::create_model(emoe::JsonFields(cfg, "config.json"), emoe::Head::kCausalLM);
+    model->eval();
+    auto prompt = torch::randint(3, 300, {3, 5}, torch::kLong);
+    emoe::GenerateOptions o;
+    o.max_new_tokens = 12;
+    std::vector<at::Tensor> steps_lib, steps_kern;
+    torch::Tensor lib, kern;
+    {
+      IsaScope none("");
+      lib = emoe::generate(*model, prompt, {}, o);
+    }
+    IsaScope pin(kernel_sets().front());
+    const int64_t before = emoe::small_gemm_count();
+    kern = emoe::generate(*model, prompt, {}, o);
+    EXPECT_GT(emoe::small_gemm_count(), before + 11 * 2);  // every decoding step, every layer
+    EXPECT_TRUE(torch::equal(lib, kern)) << lib << "\n" << kern;
+    // one cached step's logits
+    torch::NoGradGuard no_grad;
+    auto logits_of = [&](bool kernels) {
+      IsaScope pin(kernels ? kernel_sets().front() : "");
+      emoe::KvCache cache;
+      emoe::ModelInputs in;
+      in.input_ids = prompt;
+      in.cache = &cache;
+      (void)model->forward(in);
+      in.input_ids = prompt.narrow(1, 0, 1);
+      in.position_ids = torch::full({3, 1}, 5, torch::kLong);
+      return model->forward(in).logits;
+    };
+    auto a = logits_of(false), b = logits_of(true);
+    EXPECT_LT((a - b).abs().max().item<double>(), 1e-4);
+  }
+}
+
+}  // namespace
