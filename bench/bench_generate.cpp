@@ -66,7 +66,7 @@ std::vector<std::string> split_list(const std::string& s) {
 }
 
 struct Timing {
-  double prefill_s = 0;  // the prompt's forward pass and the first new token
+  double prefill_s = 0;            // the prompt's forward pass and the first new token
   double decode_tokens_per_s = 0;  // the later steps, tokens over every row
 };
 
@@ -163,7 +163,8 @@ int run(const Args& a) {
             "vocabulary 32000, random weights), prompt {} tokens, {} new tokens; best of {} "
             "repetitions, configurations alternated.\n\n",
             config["num_hidden_layers"].get<int64_t>(), a.prompt, a.new_tokens, a.reps)
-     << "| weights | batch | products | prefill (ms) | decode tokens/s (all rows) | vs library | vs "
+     << "| weights | batch | products | prefill (ms) | decode tokens/s (all rows) | vs library | "
+        "vs "
      << a.dtypes[0] << " | vs batch " << a.batches[0] << " |\n|---|---|---|---|---|---|---|---|\n";
   nlohmann::json rows = nlohmann::json::array();
   for (size_t d = 0; d < a.dtypes.size(); ++d)

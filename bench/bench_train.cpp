@@ -12,8 +12,10 @@
 //   a 512-cube, for the quick check).
 //   --batch/--seq/--layers shrink the shapes (for a quick check); the defaults are the issue's.
 //   --warmup W untimed steps come first (default 3); the JSON lists every step's time.
-//   bench_train --single MODEL METHOD PRECISION [--profile trace.json]: one measurement in this
-//   process; --profile also writes one step's autograd profile (scripts/profile_summary.py).
+//   bench_train --single MODEL METHOD PRECISION [--profile trace.json]
+//   [--profile-inference trace.json]: one measurement in this process; --profile also writes one
+//   training step's autograd profile (scripts/profile_summary.py), --profile-inference one
+//   inference forward's.
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -45,7 +47,8 @@ struct Args {
   std::string methods = "full,lora,emoe,emoe-dispatched,gmoe,mov";
   std::string precision = "fp32";
   std::string device = "cpu";
-  std::string json_out, markdown_out, single_model, single_method, single_precision, profile;
+  std::string json_out, markdown_out, single_model, single_method, single_precision, profile,
+      profile_inference;
   int64_t steps = 3, warmup = 3, batch = 0, seq = 0, layers = 0;
   double peak_seconds = 0.4;  // per shape and path of the measured peak (< 0.1: one small cube)
 };
@@ -217,6 +220,16 @@ void measure_one(const Args& a) {
           (void)model->forward(in).logits.sum().item<double>();
         },
         static_cast<int>(a.steps), 0.0);
+  }
+  if (!a.profile_inference.empty()) {
+    torch::NoGradGuard g;
+    emoe::PrecisionScope scope(precision, dev);
+    (void)model->forward(in).logits.sum().item<double>();  // warm
+    {
+      torch::autograd::profiler::RecordProfile guard(a.profile_inference);
+      (void)model->forward(in).logits.sum().item<double>();
+    }
+    std::cerr << "profile of one inference forward written to " << a.profile_inference << "\n";
   }
   const auto gemm_after = fp32_peak();
   const double tokens = static_cast<double>(s.batch * s.seq);
@@ -419,6 +432,8 @@ int main(int argc, char** argv) {
         a.peak_seconds = std::stod(next());
       else if (k == "--profile")
         a.profile = next();
+      else if (k == "--profile-inference")
+        a.profile_inference = next();
       else if (k == "--single") {
         a.single_model = next();
         a.single_method = next();

@@ -1,5 +1,7 @@
 // The small-product kernels (decoding's few rows) against float64, on every instruction set this
 // CPU has, and the conditions under which the layers take them.
+#include "emoe/models/small_gemm.h"
+
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -8,7 +10,6 @@
 #include "emoe/models/generate.h"
 #include "emoe/models/linear.h"
 #include "emoe/models/loader.h"
-#include "emoe/models/small_gemm.h"
 
 namespace {
 
@@ -39,8 +40,8 @@ TEST(SmallGemm, EveryKernelSetMatchesFloat64InBothLayoutsAndDtypes) {
   torch::NoGradGuard no_grad;
   // rows, K, N: tails of every block (K not a multiple of 8 or 16, N not of the row blocks or
   // registers), one row, and the most rows
-  const std::vector<std::array<int64_t, 3>> shapes = {
-      {1, 5, 3}, {3, 37, 19}, {8, 130, 70}, {5, 16, 33}, {2, 512, 100}, {7, 64, 48}};
+  const std::vector<std::array<int64_t, 3>> shapes = {{1, 5, 3},   {3, 37, 19},   {8, 130, 70},
+                                                      {5, 16, 33}, {2, 512, 100}, {7, 64, 48}};
   for (const auto& isa : sets) {
     IsaScope pin(isa);
     for (auto dtype : {torch::kFloat, torch::kBFloat16})
@@ -83,8 +84,8 @@ TEST(SmallGemm, TakenOnlyForFewRowsWithoutGradientsOrAutocast) {
   EXPECT_FALSE(emoe::small_gemm_applies(torch::randn({9, 4}), w, {}, false));  // 9 rows
   EXPECT_FALSE(emoe::small_gemm_applies(x.to(torch::kDouble), w.to(torch::kDouble), {}, false));
   EXPECT_FALSE(emoe::small_gemm_applies(x.to(torch::kBFloat16), w, {}, false));  // mixed dtypes
-  EXPECT_FALSE(emoe::small_gemm_applies(x, w.t(), {}, true));  // not contiguous
-  EXPECT_FALSE(emoe::small_gemm_applies(x, w, torch::randn({5}), false));  // bias of 5, N 6
+  EXPECT_FALSE(emoe::small_gemm_applies(x, w.t(), {}, true));                    // not contiguous
+  EXPECT_FALSE(emoe::small_gemm_applies(x, w, torch::randn({5}), false));        // bias of 5, N 6
   auto wg = w.clone().requires_grad_(true);
   EXPECT_FALSE(emoe::small_gemm_applies(x, wg, {}, false));  // a gradient is wanted
   {
@@ -128,7 +129,7 @@ TEST(SmallGemm, AutoMeasuresEachShapeOnceAgainstTheLibraryAndGivesTheProduct) {
   EXPECT_EQ(emoe::small_gemm_measurements().first, after_first.first);  // measured once
   auto ref = torch::linear(x, w, b);
   EXPECT_TRUE(torch::allclose(y1, ref, 1e-5, 1e-5));
-  EXPECT_TRUE(torch::equal(y1, y2));  // the same path both times
+  EXPECT_TRUE(torch::equal(y1, y2));                                  // the same path both times
   (void)emoe::small_gemm_linear(torch::randn({4, 23}), w, b, false);  // 4 rows: another shape
   EXPECT_EQ(emoe::small_gemm_measurements().first, after_first.first + 1);
   EXPECT_EQ(emoe::set_small_gemm_isa("auto"), "auto");
@@ -136,7 +137,7 @@ TEST(SmallGemm, AutoMeasuresEachShapeOnceAgainstTheLibraryAndGivesTheProduct) {
 
 // Greedy decoding of a random Llama (fused q/k/v, untied head) and GPT-2 (Conv1D [K, N] weights,
 // tied head) model, batch 3, float32: the same tokens and logits with the kernels as with the
-// library's products.
+// library's products; the prompt pass's last-position logits are the full pass's.
 TEST(SmallGemm, DecodingWithTheKernelsGivesTheLibrarysTokens) {
   if (kernel_sets().empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
   const nlohmann::json llama = {{"model_type", "llama"},
@@ -186,6 +187,16 @@ TEST(SmallGemm, DecodingWithTheKernelsGivesTheLibrarysTokens) {
     };
     auto a = logits_of(false), b = logits_of(true);
     EXPECT_LT((a - b).abs().max().item<double>(), 1e-4);
+    // generation's prompt pass: the last position's logits only, those of the full pass
+    emoe::ModelInputs full;
+    full.input_ids = prompt;
+    auto all = model->forward(full).logits;
+    full.last_logits_only = true;
+    auto last = model->forward(full).logits;
+    ASSERT_EQ(last.sizes(), (std::vector<int64_t>{3, 1, 300}));
+    EXPECT_TRUE(torch::allclose(last, all.narrow(1, 4, 1), 1e-5, 1e-5));
+    full.labels = prompt;  // with labels: every position, as the loss needs
+    EXPECT_EQ(model->forward(full).logits.size(1), 5);
   }
 }
 

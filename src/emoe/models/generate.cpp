@@ -255,6 +255,7 @@ at::Tensor generate(PretrainedModelImpl& model, const at::Tensor& input_ids,
     in.attention_mask = mask;
     in.position_ids = default_position_ids(mask, b, in.input_ids.size(1), 0, dev);
     in.cache = o.use_cache ? &cache : nullptr;
+    in.last_logits_only = true;
     auto logits = model.forward(in).logits.select(1, -1);
     auto next = pick_next(logits, o, gen);
     if (pad) next = next * unfinished + (*pad) * (1 - unfinished);

@@ -82,12 +82,15 @@ void causal_lm_head(const torch::Tensor& h, LinearImpl* lm_head, const torch::Te
       return;
     }
   }
+  const auto hl = in.last_logits_only && !in.labels.defined() && h.dim() == 3 && h.size(1) > 1
+                      ? h.narrow(1, h.size(1) - 1, 1)
+                      : h;
   if (lm_head)
-    out.logits = lm_head->forward(h);
-  else if (small_gemm_applies(h, tied_weight, {}, /*weight_kn=*/false))  // decoding
-    out.logits = small_gemm_linear(h, tied_weight, {}, /*weight_kn=*/false);
+    out.logits = lm_head->forward(hl);
+  else if (small_gemm_applies(hl, tied_weight, {}, /*weight_kn=*/false))  // decoding
+    out.logits = small_gemm_linear(hl, tied_weight, {}, /*weight_kn=*/false);
   else
-    out.logits = torch::linear(h, tied_weight);
+    out.logits = torch::linear(hl, tied_weight);
   if (in.labels.defined()) out.loss = causal_lm_loss(out.logits, in.labels);
 }
 

@@ -65,6 +65,10 @@ struct ModelInputs {
   // false: when labels are given only the loss is wanted (training), and causal LMs compute it
   // in chunks without the [B, T, vocab] logits (lm_loss.h); logits stay undefined then
   bool output_logits = true;
+  // causal LMs without labels: the logits of the last position only ([B, 1, vocab]), all that
+  // generation needs from a prompt (the LM head over every prompt position is prompt x hidden x
+  // vocab multiply-adds for nothing)
+  bool last_logits_only = false;
   KvCache* cache = nullptr;  // decoder self-attention (and cross-attention) keys and values:
                              // read and extended in place
 };

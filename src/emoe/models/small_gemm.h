@@ -25,7 +25,7 @@ constexpr int64_t kSmallGemmMaxRows = 8;
 std::string small_gemm_isa();
 // "auto" (the default): the best kernels this CPU has, and for each product shape (dtype, rows,
 // K, N, layout, bias) the kernels and the library timed once on first sight, the faster kept
-// (the library must win by 15 %); e.g. eight rows against a bfloat16 weight may run faster on
+// (the library must win by 5 %); e.g. eight rows against a bfloat16 weight may run faster on
 // oneDNN's AMX kernels. An instruction set this CPU has pins the kernels for every shape; ""
 // or "library" uses none. EMOE_SMALL_GEMM sets it at start-up; this function sets it for the
 // process (tests; benchmarks compare with the library in one process) and returns the previous
