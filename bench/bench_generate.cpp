@@ -9,8 +9,10 @@
 // repetition.
 //
 // Usage: bench_generate [--batches 1,8] [--prompt 32] [--new 128] [--dtypes float32,bfloat16]
-//                       [--layers L] [--reps 3] [--device cpu|cuda] [--json FILE]
-//                       [--profile trace.json]
+//                       [--layers L] [--kv-heads H] [--reps 3] [--device cpu|cuda]
+//                       [--json FILE] [--profile trace.json]
+//   --kv-heads: key/value heads (default 8, one per query head; 2: grouped-query attention as
+//   Llama 3, Qwen and Mistral use it)
 //   --profile: also one generation (the first dtype and batch, 16 new tokens) under the
 //   autograd profiler, as a Chrome trace (scripts/profile_summary.py sums it by operator).
 #include <iostream>
@@ -33,13 +35,13 @@ using emoe::bench::seconds_since;
 
 constexpr const char* kUsage =
     "bench_generate [--batches 1,8] [--prompt 32] [--new 128] [--dtypes float32,bfloat16]\n"
-    "               [--layers L] [--reps 3] [--device cpu|cuda] [--json FILE]\n"
-    "               [--profile trace.json]\n";
+    "               [--layers L] [--kv-heads H] [--reps 3] [--device cpu|cuda]\n"
+    "               [--json FILE] [--profile trace.json]\n";
 
 struct Args {
   std::vector<int64_t> batches = {1, 8};
   std::vector<std::string> dtypes = {"float32", "bfloat16"};
-  int64_t prompt = 32, new_tokens = 128, layers = 0, reps = 3;
+  int64_t prompt = 32, new_tokens = 128, layers = 0, kv_heads = 0, reps = 3;
   std::string device = "cpu", json_out, profile;
 };
 
@@ -98,6 +100,7 @@ int run(const Args& a) {
   const int threads = emoe::configure_threads(0);
   auto config = emoe::bench::llama_style_config();
   if (a.layers > 0) config["num_hidden_layers"] = a.layers;
+  if (a.kv_heads > 0) config["num_key_value_heads"] = a.kv_heads;
   std::vector<emoe::ModelPtr> models;
   for (const auto& d : a.dtypes) {
     const auto dtype = emoe::parse_dtype(d);
@@ -159,10 +162,11 @@ int run(const Args& a) {
                     cpu.model.empty() ? "unknown" : cpu.model, cpu.cores, cpu.isa_text(), threads,
                     a.device)
      << fmt::format(
-            "Greedy generation with the KV cache, Llama-style decoder ({} layers, hidden 512, "
-            "vocabulary 32000, random weights), prompt {} tokens, {} new tokens; best of {} "
-            "repetitions, configurations alternated.\n\n",
-            config["num_hidden_layers"].get<int64_t>(), a.prompt, a.new_tokens, a.reps)
+            "Greedy generation with the KV cache, Llama-style decoder ({} layers, hidden 512, 8 "
+            "heads, {} key/value heads, vocabulary 32000, random weights), prompt {} tokens, {} "
+            "new tokens; best of {} repetitions, configurations alternated.\n\n",
+            config["num_hidden_layers"].get<int64_t>(),
+            config["num_key_value_heads"].get<int64_t>(), a.prompt, a.new_tokens, a.reps)
      << "| weights | batch | products | prefill (ms) | decode tokens/s (all rows) | vs library | "
         "vs "
      << a.dtypes[0] << " | vs batch " << a.batches[0] << " |\n|---|---|---|---|---|---|---|---|\n";
@@ -228,6 +232,8 @@ int main(int argc, char** argv) {
         EMOE_CHECK(a.new_tokens >= 2, UsageError, "--new: expected at least 2 tokens");
       } else if (k == "--layers") {
         a.layers = positive(k, next());
+      } else if (k == "--kv-heads") {
+        a.kv_heads = positive(k, next());
       } else if (k == "--reps") {
         a.reps = positive(k, next());
       } else if (k == "--device") {

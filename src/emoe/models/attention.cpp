@@ -79,28 +79,26 @@ at::Scalar lowest_value(at::ScalarType t) {
 at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& block_mask, double scale, double dropout_p,
                             bool training, at::Tensor* probs) {
-  const int64_t hq = q.size(1), hkv = k.size(1);
-  at::Tensor kk = k, vv = v;
-  if (hq != hkv) {
-    const int64_t rep = hq / hkv;
-    auto expand = [&](const at::Tensor& x) {
-      return x.unsqueeze(2)
-          .expand({x.size(0), hkv, rep, x.size(2), x.size(3)})
-          .reshape({x.size(0), hq, x.size(2), x.size(3)});
-    };
-    kk = expand(k);
-    vv = expand(v);
-  }
+  // grouped-query attention: the rep query heads of each key/value head are one group, computed
+  // as rep x T rows against that head's keys and values (Hugging Face's repeat_kv copies the keys
+  // and values rep times instead: a copy of the whole cache per layer and decoding step)
+  const int64_t b = q.size(0), hq = q.size(1), t = q.size(2), d = q.size(3);
+  const int64_t hkv = k.size(1), s = k.size(2), rep = hq / hkv;
+  TORCH_CHECK(hkv > 0 && hq == rep * hkv, "attention: ", hq, " query heads for ", hkv,
+              " key/value heads");
+  const auto qg = rep == 1 ? q : q.reshape({b, hkv, rep * t, d});
   // the scale goes on q ([T, d], smaller than the [T, S] scores), and the mask is filled in place:
   // two passes over the scores and their temporaries fewer (matmul's backward needs its inputs
   // only)
-  auto scores = emoe::matmul(scale != 1.0 ? q * scale : q, kk.transpose(-2, -1));
+  auto scores = emoe::matmul(scale != 1.0 ? qg * scale : qg, k.transpose(-2, -1));
+  if (rep > 1) scores = scores.view({b, hq, t, s});
   if (block_mask.defined()) scores.masked_fill_(block_mask, lowest_value(scores.scalar_type()));
   auto acc = q.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
   auto p = torch::softmax(scores, -1, acc).to(q.scalar_type());
   if (probs) *probs = p;
   if (training && dropout_p > 0) p = emoe::dropout(p, dropout_p, true);
-  return emoe::matmul(p, vv);
+  if (rep == 1) return emoe::matmul(p, v);
+  return emoe::matmul(p.reshape({b, hkv, rep * t, s}), v).view({b, hq, t, d});
 }
 
 at::Tensor split_heads(const at::Tensor& x, int64_t heads) {
