@@ -10,9 +10,11 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "emoe/core/error.h"
 #include "emoe/core/torch_compat.h"
 #include "emoe/models/matmul.h"
 #ifdef EMOE_BENCH_HAS_CUDA_STATS  // defined by bench/CMakeLists.txt when libtorch has c10_cuda
@@ -20,6 +22,29 @@
 #endif
 
 namespace emoe::bench {
+
+// "a,b,,c" -> {"a", "b", "c"}: a list flag's items.
+inline std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');)
+    if (!x.empty()) out.push_back(x);
+  return out;
+}
+
+// A flag's positive integer; UsageError naming the flag otherwise.
+inline int64_t positive(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  EMOE_CHECK(used == text.size() && v >= 1, UsageError, "{}: expected a positive integer, got '{}'",
+             flag, text);
+  return v;
+}
 
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

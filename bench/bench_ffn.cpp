@@ -10,6 +10,7 @@
 #include <iostream>
 #include <vector>
 
+#include "bench_common.h"
 #include "emoe/core/error.h"
 #include "emoe/core/logging.h"
 #include "emoe/core/runtime.h"
@@ -38,20 +39,9 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-int64_t positive(const std::string& flag, const std::string& text) {
-  size_t used = 0;
-  int64_t v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  EMOE_CHECK(used == text.size() && v >= 1, UsageError, "{}: expected a positive integer, got '{}'",
-             flag, text);
-  return v;
-}
-
 }  // namespace
+
+using emoe::bench::positive;
 
 int main(int argc, char** argv) {
   emoe::ensure_runtime_environment(argc, argv);

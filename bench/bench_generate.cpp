@@ -31,7 +31,9 @@
 
 namespace {
 
+using emoe::bench::positive;
 using emoe::bench::seconds_since;
+using emoe::bench::split_list;
 
 constexpr const char* kUsage =
     "bench_generate [--batches 1,8] [--prompt 32] [--new 128] [--dtypes float32,bfloat16]\n"
@@ -44,28 +46,6 @@ struct Args {
   int64_t prompt = 32, new_tokens = 128, layers = 0, kv_heads = 0, reps = 3;
   std::string device = "cpu", json_out, profile;
 };
-
-int64_t positive(const std::string& what, const std::string& text) {
-  int64_t v = 0;
-  try {
-    size_t used = 0;
-    v = std::stoll(text, &used);
-    EMOE_CHECK(used == text.size(), UsageError, "{}: expected a positive integer, got '{}'", what,
-               text);
-  } catch (const std::logic_error&) {
-    EMOE_THROW(UsageError, "{}: expected a positive integer, got '{}'", what, text);
-  }
-  EMOE_CHECK(v > 0, UsageError, "{}: expected a positive integer, got '{}'", what, text);
-  return v;
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string x; std::getline(ss, x, ',');)
-    if (!x.empty()) out.push_back(x);
-  return out;
-}
 
 struct Timing {
   double prefill_s = 0;            // the prompt's forward pass and the first new token

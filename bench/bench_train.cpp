@@ -41,6 +41,7 @@
 namespace {
 
 using emoe::bench::seconds_since;
+using emoe::bench::split_list;
 
 struct Args {
   std::string models = "bert-base,llama-style";
@@ -52,14 +53,6 @@ struct Args {
   int64_t steps = 3, warmup = 3, batch = 0, seq = 0, layers = 0;
   double peak_seconds = 0.4;  // per shape and path of the measured peak (< 0.1: one small cube)
 };
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string x; std::getline(ss, x, ',');)
-    if (!x.empty()) out.push_back(x);
-  return out;
-}
 
 struct Shape {
   nlohmann::json config;

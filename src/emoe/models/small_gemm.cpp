@@ -44,17 +44,6 @@ namespace avx512 {
 #define NT_NR 4  // 4 x 4 accumulators, 4 weight rows, one row of x: 21 of 32 registers
 #define NN_MR 8  // 8 x 2 accumulators
 #include "emoe/models/small_gemm_kernels.inc"
-#undef VEC
-#undef VW
-#undef VZERO
-#undef VLOADF
-#undef VLOADBF
-#undef VSET1
-#undef VFMA
-#undef VSUM
-#undef VSTOREF
-#undef NT_NR
-#undef NN_MR
 }  // namespace avx512
 #pragma GCC pop_options
 
@@ -81,17 +70,6 @@ inline float hsum256(__m256 v) {
 #define NT_NR 2  // 4 x 2 accumulators of 16 registers
 #define NN_MR 4  // 4 x 2 accumulators
 #include "emoe/models/small_gemm_kernels.inc"
-#undef VEC
-#undef VW
-#undef VZERO
-#undef VLOADF
-#undef VLOADBF
-#undef VSET1
-#undef VFMA
-#undef VSUM
-#undef VSTOREF
-#undef NT_NR
-#undef NN_MR
 }  // namespace avx2
 #pragma GCC pop_options
 
