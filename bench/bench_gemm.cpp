@@ -46,8 +46,13 @@ void small_products(double seconds) {
           return best;
         };
         const double lib = rate([&] { (void)torch::linear(x, w); });
-        const double ours =
-            isa.empty() ? 0.0 : rate([&] { (void)emoe::small_gemm_linear(x, w, {}, false); });
+        // the kernels themselves: pinned, not auto's per-shape choice (which may be the library)
+        double ours = 0.0;
+        if (!isa.empty()) {
+          const auto setting = emoe::set_small_gemm_isa(isa);
+          ours = rate([&] { (void)emoe::small_gemm_linear(x, w, {}, false); });
+          emoe::set_small_gemm_isa(setting);
+        }
         const double sum = rate([&] { (void)w.sum(); });
         std::cout << fmt::format("| {} | {} | {} x {} | {} | {:.1f} | {} | {} | {:.1f} |\n", s.what,
                                  rows, s.k, s.n, dtype == torch::kFloat ? "float32" : "bfloat16",

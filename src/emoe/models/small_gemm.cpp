@@ -247,7 +247,8 @@ struct Store {
 // (bench_gemm --small-only): 512 x 512 float32 at one row 14 GB/s on two threads, 110 on one.
 constexpr int64_t kTaskBytes = int64_t{4} << 20;
 
-// x: the rows widened to float32; x16: the same rows in bfloat16 (bf16 weights only)
+// x: the rows widened to float32 (null where vdpbf16ps reads x16); x16: the same rows in
+// bfloat16 (bf16 weights only)
 template <class T, class W>
 void run_kernels(Isa isa, const float* x, const uint16_t* x16, int64_t M, int64_t K, const W* w,
                  int64_t N, bool weight_kn, const Store<T>& out) {
@@ -335,22 +336,24 @@ at::Tensor kernel_linear(const at::Tensor& x, const at::Tensor& weight, const at
   RECORD_FUNCTION("emoe::small_gemm", std::vector<c10::IValue>());
   const int64_t k = weight.size(weight_kn ? 0 : 1), n = weight.size(weight_kn ? 1 : 0);
   const int64_t m = x.numel() / k;
+  const Isa isa = current_isa();
+  const bool bf16 = weight.scalar_type() == at::kBFloat16;
   const auto x2 = x.reshape({m, k}).contiguous();
-  const auto xf = x2.to(at::kFloat);  // bfloat16 rows widened once
+  // bfloat16 rows widened once, except for vdpbf16ps, which reads them as they are
+  const auto xf = bf16 && !weight_kn && isa == Isa::kAvx512Bf16 ? at::Tensor() : x2.to(at::kFloat);
+  const float* xfp = xf.defined() ? xf.data_ptr<float>() : nullptr;
   auto sizes = x.sizes().vec();
   sizes.back() = n;
   auto y = at::empty(sizes, x.options());
-  const Isa isa = current_isa();
-  if (weight.scalar_type() == at::kFloat) {
+  if (!bf16) {
     Store<float> out{y.data_ptr<float>(), n, bias.defined() ? bias.data_ptr<float>() : nullptr};
-    run_kernels(isa, xf.data_ptr<float>(), nullptr, m, k, weight.data_ptr<float>(), n, weight_kn,
-                out);
+    run_kernels(isa, xfp, nullptr, m, k, weight.data_ptr<float>(), n, weight_kn, out);
   } else {
     Store<c10::BFloat16> out{y.data_ptr<c10::BFloat16>(), n,
                              bias.defined() ? bias.data_ptr<c10::BFloat16>() : nullptr};
     const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<c10::BFloat16>());
     const auto* x16 = reinterpret_cast<const uint16_t*>(x2.data_ptr<c10::BFloat16>());
-    run_kernels(isa, xf.data_ptr<float>(), x16, m, k, w, n, weight_kn, out);
+    run_kernels(isa, xfp, x16, m, k, w, n, weight_kn, out);
   }
   product_count.fetch_add(1);
   return y;
