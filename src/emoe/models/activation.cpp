@@ -1,9 +1,11 @@
 // Activation functions.
 #include "emoe/models/activation.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include "emoe/core/error.h"
+#include "emoe/models/row_kernels.h"
 
 namespace emoe {
 
@@ -42,6 +44,32 @@ at::Tensor activate(const at::Tensor& x, Activation a) {
       return torch::relu(x);
   }
   return x;
+}
+
+namespace {
+
+class SiluMulFn : public torch::autograd::Function<SiluMulFn> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate,
+                            const at::Tensor& up) {
+    RECORD_FUNCTION("emoe::silu_mul", std::vector<c10::IValue>());
+    ctx->save_for_backward({gate, up});
+    return silu_mul_forward(gate, up);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    RECORD_FUNCTION("emoe::silu_mul_backward", std::vector<c10::IValue>());
+    const auto saved = ctx->get_saved_variables();
+    auto [dg, du] = silu_mul_backward(saved[0], saved[1], grads[0]);
+    return {dg, du};
+  }
+};
+
+}  // namespace
+
+at::Tensor activate_gated(const at::Tensor& gate, const at::Tensor& up, Activation a) {
+  if (a == Activation::kSilu && silu_mul_applies(gate, up)) return SiluMulFn::apply(gate, up);
+  return activate(gate, a) * up;
 }
 
 }  // namespace emoe

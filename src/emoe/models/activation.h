@@ -13,5 +13,9 @@ enum class Activation { kGeluErf, kGeluTanh, kSilu, kRelu };
 Activation parse_activation(const std::string& name, const std::string& where);
 std::string activation_name(Activation a);
 at::Tensor activate(const at::Tensor& x, Activation a);
+// A gated FFN's hidden activation act(gate) * up, with autograd. SiLU on the CPU runs in one fused
+// pass each way (row_kernels.h: silu_mul) where the kernels apply — saving gate and up instead of
+// also silu(gate), and rounding once — and elsewhere as activate(gate, a) * up.
+at::Tensor activate_gated(const at::Tensor& gate, const at::Tensor& up, Activation a);
 
 }  // namespace emoe

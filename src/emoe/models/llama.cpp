@@ -232,7 +232,7 @@ class LlamaLayerImpl : public torch::nn::Module, public FfnSlot {
   }
 
   torch::Tensor ffn_hidden(const torch::Tensor& x) override {
-    return activate(gate_(x), act_) * up_(x);
+    return activate_gated(gate_(x), up_(x), act_);
   }
   std::pair<torch::Tensor, torch::Tensor> ffn_preactivation(const torch::Tensor& x) override {
     return {gate_(x), up_(x)};

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "emoe/models/matmul.h"
+#include "emoe/models/row_kernels.h"
 
 namespace emoe {
 
@@ -16,11 +17,18 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// rows of logits computed at once: about 32 MiB of float32
-int64_t lm_loss_chunk_rows(int64_t rows, int64_t vocab) {
-  return std::clamp<int64_t>((int64_t{8} << 20) / std::max<int64_t>(vocab, 1), 1,
-                             std::max<int64_t>(rows, 1));
+}  // namespace
+
+// rows of logits computed at once: about 32 MiB of them in their dtype, a multiple of 64 rows
+// where that leaves at least 64 (oneDNN's AMX products ran a 262-row chunk of the 32000-word
+// head at 980 GFLOP/s and a 256-row one at 1810: row tails cost that much)
+int64_t lm_loss_chunk_rows(int64_t rows, int64_t vocab, int64_t element_size) {
+  int64_t chunk = (int64_t{32} << 20) / std::max<int64_t>(vocab * element_size, 1);
+  if (chunk >= 128) chunk -= chunk % 64;
+  return std::clamp<int64_t>(chunk, 1, std::max<int64_t>(rows, 1));
 }
+
+namespace {
 
 class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
  public:
@@ -44,11 +52,42 @@ class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
     at::Tensor gh = need_h ? at::empty_like(h) : at::Tensor();
     at::Tensor gw = need_w ? at::empty({vocab, h.size(1)}, h.options()) : at::Tensor();
     auto loss_sum = at::zeros({}, h.options());
-    const int64_t chunk = chunk_rows > 0 ? chunk_rows : lm_loss_chunk_rows(n, vocab);
+    // the row kernels (float32 sums, in place in the products' dtype) where they apply: per row,
+    // the loss and the gradient's scale w = 1/count on kept rows, 0 on ignored ones
+    bool rows_kernel =
+        h.scalar_type() == at::kFloat && h.device().is_cpu() && !row_kernels_isa().empty();
+    at::Tensor row_scale, row_loss, flat_target;
+    if (rows_kernel) {
+      row_scale = valid.to(at::kFloat) / count.to(at::kFloat);
+      row_loss = at::empty({n}, h.options().dtype(at::kFloat));
+      flat_target = safe_target.squeeze(1).contiguous();
+    }
+    // (the kernels keep one buffer of the products' dtype; ATen's ops a float32 one beside it)
+    const int64_t chunk =
+        chunk_rows > 0 ? chunk_rows
+                       : lm_loss_chunk_rows(n, vocab, rows_kernel ? c10::elementSize(compute) : 4);
     // low: a chunk's logits / gradient in the compute dtype; gh_part, gw_part: its products there
     at::Tensor logits, low, gh_part, gw_part;
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
       const int64_t c = std::min(chunk, n - r0);
+      const bool grad = need_h || need_w;
+      if (rows_kernel) {
+        if (!logits.defined() || logits.size(0) != c)
+          logits = at::empty({c, vocab}, h.options().dtype(compute));
+        gemm_out(logits, hp.narrow(0, r0, c), wp.t());
+        if (softmax_xent_rows(logits, flat_target.narrow(0, r0, c),
+                              grad ? row_scale.narrow(0, r0, c) : at::Tensor(),
+                              row_loss.narrow(0, r0, c))) {
+          if (!grad) continue;
+          // the gradient's products: bfloat16 operands summed into float32 (no rounding between)
+          if (need_h) gemm_out(gh.narrow(0, r0, c), logits, wp);
+          if (need_w) gemm_out(gw, logits.t(), hp.narrow(0, r0, c), at::Tensor(), r0 > 0);
+          continue;
+        }
+        TORCH_CHECK(r0 == 0, "chunked_lm_loss: the row kernels stopped applying mid-way");
+        rows_kernel = false;  // (a CPU without the kernels' instruction set): ATen's ops
+        logits = at::Tensor();
+      }
       if (!logits.defined() || logits.size(0) != c) {
         logits = at::empty({c, vocab}, h.options());
         if (lower) low = at::empty({c, vocab}, h.options().dtype(compute));
@@ -71,7 +110,7 @@ class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
       const auto sum = logits.sum(1, /*keepdim=*/true);
       // Σ over the kept rows of log Σ exp(logits) - logits[target]
       loss_sum.add_(((mx + sum.log() - picked).squeeze(1) * vc).sum());
-      if (!need_h && !need_w) continue;
+      if (!grad) continue;
       // d mean / d logits = (softmax - onehot(target)) · w, w = 1/count on kept rows, 0 on ignored
       const auto w = (vc.to(logits.scalar_type()) / count).unsqueeze(1);
       auto& p = logits.mul_(w / sum);
@@ -94,6 +133,7 @@ class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
       if (need_h) gemm_out(gh.narrow(0, r0, c), p, weight);
       if (need_w) gemm_out(gw, p.t(), hc, at::Tensor(), /*accumulate=*/r0 > 0);
     }
+    if (rows_kernel) loss_sum = (row_loss * valid).sum().to(h.scalar_type());
     ctx->save_for_backward({gh, gw});
     return loss_sum / count;
   }

@@ -23,8 +23,13 @@ bool chunked_lm_loss_supported(const at::Tensor& hidden, const at::Tensor& weigh
 // [B, T] with -100 for ignored positions; the mean cross-entropy of position t's logits against
 // label t + 1 over the positions not ignored (NaN when all are). Differentiable in hidden and
 // weight; their gradients are computed in the forward pass when grad mode is on and either needs
-// one. chunk_rows: rows of logits at a time (0: about 32 MiB of them).
+// one. chunk_rows: rows of logits at a time (0: lm_loss_chunk_rows). On the CPU the softmax rows
+// run in the row kernels (row_kernels.h) in place in the products' dtype, where they apply.
 at::Tensor chunked_causal_lm_loss(const at::Tensor& hidden, const at::Tensor& weight,
                                   const at::Tensor& labels, int64_t chunk_rows = 0);
+
+// The default chunk for `rows` rows of `vocab` logits of element_size bytes: about 32 MiB, a
+// multiple of 64 rows where that leaves at least 64 (the products' kernels run whole tiles).
+int64_t lm_loss_chunk_rows(int64_t rows, int64_t vocab, int64_t element_size);
 
 }  // namespace emoe

@@ -114,6 +114,7 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
   std::string key;
   key.reserve(160);
   key += a.scalar_type() == at::kBFloat16 ? "bf16;" : "f32;";
+  if (out.scalar_type() != a.scalar_type()) key += "out-f32;";  // bfloat16 products summed in f32
   if (bias.defined()) key += bias.scalar_type() == at::kBFloat16 ? "bb;" : "bf;";
   if (runtime) {
     key += "rt;";
@@ -278,6 +279,12 @@ bool plain_matrices(const at::Tensor& t) {
 // ATen's products (OpenBLAS on CPU; any dtype and device), writing into out.
 void fallback_gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                        const at::Tensor& bias, bool accumulate) {
+  if (out.scalar_type() != a.scalar_type()) {  // bfloat16 inputs, float32 out: rounded once
+    auto r = at::matmul(a, b);
+    if (bias.defined()) r.add_(bias);
+    accumulate ? out.add_(r) : out.copy_(r);
+    return;
+  }
   if (a.dim() == 2) {
     auto o = out;  // the *_out functions take a non-const reference
     if (accumulate)
@@ -453,10 +460,13 @@ void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
   }
 #ifdef EMOE_HAVE_ONEDNN
   // the inputs' own dtype (no autocast applies to a product asked for directly), one for all
-  const bool same_dtype = b.scalar_type() == a.scalar_type() &&
-                          out.scalar_type() == a.scalar_type() &&
-                          (!bias.defined() || bias.scalar_type() == a.scalar_type() ||
-                           bias.scalar_type() == at::kFloat);
+  // (or bfloat16 inputs summed into a float32 out: oneDNN keeps the float32 sums)
+  const bool same_dtype =
+      b.scalar_type() == a.scalar_type() &&
+      (out.scalar_type() == a.scalar_type() ||
+       (a.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kFloat && !bias.defined())) &&
+      (!bias.defined() || bias.scalar_type() == a.scalar_type() ||
+       bias.scalar_type() == at::kFloat);
   if (same_dtype && onednn_dtype_ok(a) && b.device().is_cpu() && out.device().is_cpu() &&
       plain_matrices(out) &&
       !(a.scalar_type() == at::kFloat && !shapes_vary &&

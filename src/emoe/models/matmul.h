@@ -42,7 +42,9 @@ int64_t onednn_product_count();
 // bias [N] or undefined. With accumulate, out += a @ b (bias not allowed). shapes_vary: 2-D
 // products whose sizes change from call to call (an expert's rows) share one oneDNN primitive.
 // float32 (AVX-512) and bfloat16 (AVX-512 BF16) go through oneDNN, computing in the inputs' dtype;
-// any other dtype or device through ATen's mm/addmm.
+// any other dtype or device through ATen's mm/addmm. bfloat16 a and b may write (or accumulate
+// into) a float32 out, without bias: oneDNN keeps its float32 sums; elsewhere the bfloat16 product
+// is rounded once and then added.
 void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
               const at::Tensor& bias = at::Tensor(), bool accumulate = false,
               bool shapes_vary = false);

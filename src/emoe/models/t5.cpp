@@ -247,8 +247,7 @@ class T5BlockImpl : public torch::nn::Module, public FfnSlot {
 
   // v1.0: relu(wi x); v1.1: act(wi_0 x) * wi_1 x (wi_0 rows are the keys).
   torch::Tensor ffn_hidden(const torch::Tensor& x) override {
-    auto h = activate(wi_(x), c_.act);
-    return wi_up_ ? h * wi_up_(x) : h;
+    return wi_up_ ? activate_gated(wi_(x), wi_up_(x), c_.act) : activate(wi_(x), c_.act);
   }
   std::pair<torch::Tensor, torch::Tensor> ffn_preactivation(const torch::Tensor& x) override {
     return {wi_(x), wi_up_ ? wi_up_(x) : torch::Tensor()};

@@ -78,8 +78,8 @@ torch::Tensor ffn_math(const torch::Tensor& x, const torch::Tensor& w_in, const 
                        bool training) {
   auto pre = emoe::linear(x, w_in, b_in);
   if (preact_dropout > 0) pre = emoe::dropout(pre, preact_dropout, training);
-  auto h = activate(pre, act);
-  if (w_up.defined()) h = h * emoe::linear(x, w_up, {});
+  auto h =
+      w_up.defined() ? activate_gated(pre, emoe::linear(x, w_up, {}), act) : activate(pre, act);
   return emoe::linear(h, w_out, b_out);
 }
 
@@ -120,8 +120,9 @@ torch::Tensor ExpertFfnImpl::compute_masked(const torch::Tensor& x, const Routin
   if (cfg_.preact_dropout > 0 && is_training()) {
     // through the layer's own Linear modules, so adapters on them still apply
     auto [pre, up] = slot.ffn_preactivation(x);
-    h = activate(emoe::dropout(pre, cfg_.preact_dropout, true), slot.ffn_view().act);
-    if (up.defined()) h = h * up;
+    pre = emoe::dropout(pre, cfg_.preact_dropout, true);
+    h = up.defined() ? activate_gated(pre, up, slot.ffn_view().act)
+                     : activate(pre, slot.ffn_view().act);
   } else {
     h = slot.ffn_hidden(x);
   }
@@ -195,8 +196,9 @@ torch::Tensor ExpertFfnImpl::compute_dispatched(const torch::Tensor& x, const Ro
   auto xs = x.index_select(0, tokens);                       // [M, d]
   auto pre = segment_linear(xs, v.w_in, v.b_in, counts, 0);  // [M, s]
   if (cfg_.preact_dropout > 0) pre = emoe::dropout(pre, cfg_.preact_dropout, is_training());
-  auto h = activate(pre, v.act);
-  if (v.gated()) h = h * segment_linear(xs, v.w_up, torch::Tensor(), counts, 0);
+  auto h = v.gated()
+               ? activate_gated(pre, segment_linear(xs, v.w_up, torch::Tensor(), counts, 0), v.act)
+               : activate(pre, v.act);
   auto y = segment_linear(h, v.w_out, torch::Tensor(), counts, 1);  // [M, d]
   if (weights.defined()) y = y * weights;
   // (under autocast y may be bfloat16: it is accumulated in the output's float32)

@@ -1,0 +1,338 @@
+// Row kernels (see the header): one source (row_kernels.inc) compiled for AVX-512F and for
+// AVX2+FMA, the set chosen at run time.
+#include "emoe/models/row_kernels.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
+#include "emoe/core/error.h"
+
+namespace emoe {
+namespace {
+
+inline float scalar(float v) { return v; }
+inline float scalar(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+template <class T>
+inline T from_float(float f);
+template <>
+inline float from_float<float>(float f) {
+  return f;
+}
+template <>
+inline uint16_t from_float<uint16_t>(float f) {  // round to nearest even, as c10::BFloat16
+  return c10::BFloat16(f).x;
+}
+
+// exp's range reduction and polynomial (Cephes's expf): x = n ln2 + r, |r| <= ln2 / 2,
+// exp(r) ~ 1 + r + r^2 (c5 + c4 r + ... + c0 r^5)
+constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kC0 = 1.9875691500e-4f, kC1 = 1.3981999507e-3f, kC2 = 8.3334519073e-3f,
+                kC3 = 4.1665795894e-2f, kC4 = 1.6666665459e-1f, kC5 = 5.0000001201e-1f;
+// below this exp is not a normal float (the result is then ~1e-38, not 0: nothing next to a
+// softmax's denominator of at least 1)
+constexpr float kExpLo = -87.33654f, kExpHi = 88.3762626647949f;
+
+// (GCC 12's _mm512_reduce_*_ps start from a register it declares undefined on purpose)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw")
+namespace avx512 {
+inline __m512 vexp(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpLo)), _mm512_set1_ps(kExpHi));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kC0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC5));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+inline __m512 load_bf16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+inline void store_bf16(uint16_t* p, __m512 v) {
+  // round to nearest even: add 0x7fff plus the kept part's lowest bit, keep the top 16 bits
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+#define VEC __m512
+#define VW 16
+#define VSET1(f) _mm512_set1_ps(f)
+#define VLOADF(p) _mm512_loadu_ps(p)
+#define VSTOREF(p, v) _mm512_storeu_ps(p, v)
+#define VLOADBF(p) load_bf16(p)
+#define VSTOREBF(p, v) store_bf16(p, v)
+#define VMAX(a, b) _mm512_max_ps(a, b)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VSUB(a, b) _mm512_sub_ps(a, b)
+#define VDIV(a, b) _mm512_div_ps(a, b)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VREDMAX(v) _mm512_reduce_max_ps(v)
+#define VREDSUM(v) _mm512_reduce_add_ps(v)
+#include "emoe/models/row_kernels.inc"
+}  // namespace avx512
+#pragma GCC pop_options
+#pragma GCC diagnostic pop
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+inline __m256 vexp(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpLo)), _mm256_set1_ps(kExpHi));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kC0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC5));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  // 2^n from the exponent bits (n in [-126, 127] after the clamp)
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+inline __m256 load_bf16(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline void store_bf16(uint16_t* p, __m256 v) {
+  const __m256i b = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(
+      _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  // eight 32-bit lanes (each < 2^16) to eight 16-bit ones: pack within 128-bit halves, then
+  // gather the halves' low quadwords
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+inline float reduce_max(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+inline float reduce_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#define VEC __m256
+#define VW 8
+#define VSET1(f) _mm256_set1_ps(f)
+#define VLOADF(p) _mm256_loadu_ps(p)
+#define VSTOREF(p, v) _mm256_storeu_ps(p, v)
+#define VLOADBF(p) load_bf16(p)
+#define VSTOREBF(p, v) store_bf16(p, v)
+#define VMAX(a, b) _mm256_max_ps(a, b)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VSUB(a, b) _mm256_sub_ps(a, b)
+#define VDIV(a, b) _mm256_div_ps(a, b)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VREDMAX(v) reduce_max(v)
+#define VREDSUM(v) reduce_sum(v)
+#include "emoe/models/row_kernels.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+
+// ---- choice of instruction set ----
+
+enum class Isa { kNone, kAvx2, kAvx512 };
+
+Isa detected_isa() {
+  static const Isa isa = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+      return Isa::kAvx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+    return Isa::kNone;
+  }();
+  return isa;
+}
+
+std::string isa_name(Isa i) {
+  return i == Isa::kAvx512 ? "avx512" : i == Isa::kAvx2 ? "avx2" : "";
+}
+
+Isa parse_isa(const std::string& text, const std::string& what) {
+  const Isa have = detected_isa();
+  if (text.empty() || text == "library") return Isa::kNone;
+  if (text == "auto") return have;
+  if (text == "avx512" && have == Isa::kAvx512) return Isa::kAvx512;
+  if (text == "avx2" && have != Isa::kNone) return Isa::kAvx2;
+  EMOE_THROW(UsageError, "{}: expected auto, library{}, got '{}'", what,
+             have == Isa::kAvx512 ? ", avx512 or avx2"
+             : have == Isa::kAvx2 ? " or avx2"
+                                  : " (this CPU has neither AVX2+FMA nor AVX-512)",
+             text);
+}
+
+std::atomic<int> isa_setting{-1};  // Isa, or -1: not yet read from EMOE_ROW_KERNELS
+
+Isa current_isa() {
+  int v = isa_setting.load();
+  if (v < 0) {
+    static std::mutex m;
+    std::lock_guard<std::mutex> lock(m);
+    v = isa_setting.load();
+    if (v < 0) {
+      const char* env = std::getenv("EMOE_ROW_KERNELS");
+      v = static_cast<int>(parse_isa(env && *env ? env : "auto", "EMOE_ROW_KERNELS"));
+      isa_setting.store(v);
+    }
+  }
+  return static_cast<Isa>(v);
+}
+
+template <class T>
+void xent_rows(Isa isa, T* x, int64_t rows, int64_t V, int64_t ld, const int64_t* target,
+               const float* scale, float* loss) {
+  // a task of at least ~64k columns (one row of a 32000-word vocabulary is ~20 µs of work)
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(V, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    thread_local std::vector<float> scratch;
+    if (!std::is_same<T, float>::value && scale != nullptr &&
+        scratch.size() < static_cast<size_t>(V))
+      scratch.resize(static_cast<size_t>(V));
+    for (int64_t r = r0; r < r1; ++r) {
+      const bool grad = scale != nullptr;
+      const float s = grad ? scale[r] : 0.0f;
+      loss[r] = isa == Isa::kAvx512
+                    ? avx512::xent_row(x + r * ld, V, target[r], grad, s, scratch.data())
+                    : avx2::xent_row(x + r * ld, V, target[r], grad, s, scratch.data());
+    }
+  });
+}
+
+// Elementwise over n elements in tasks of at least 32k (below that one thread: waking the pool
+// costs more).
+template <class F>
+void elementwise(int64_t n, const F& f) {
+  at::parallel_for(0, n, int64_t{1} << 15, [&](int64_t b, int64_t e) { f(b, e - b); });
+}
+
+bool same_plain(const at::Tensor& a, const at::Tensor& b) {
+  return a.device().is_cpu() && a.is_contiguous() && b.is_contiguous() &&
+         a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
+         (a.scalar_type() == at::kFloat || a.scalar_type() == at::kBFloat16);
+}
+
+template <class T>
+T* ptr(const at::Tensor& t) {
+  return reinterpret_cast<T*>(t.data_ptr());
+}
+
+template <class T>
+void silu_mul_run(Isa isa, const at::Tensor& g, const at::Tensor& u, const at::Tensor& out) {
+  elementwise(g.numel(), [&](int64_t b, int64_t n) {
+    (isa == Isa::kAvx512 ? avx512::silu_mul<T> : avx2::silu_mul<T>)(ptr<T>(g) + b, ptr<T>(u) + b,
+                                                                     ptr<T>(out) + b, n);
+  });
+}
+
+template <class T>
+void silu_mul_backward_run(Isa isa, const at::Tensor& g, const at::Tensor& u,
+                           const at::Tensor& dout, const at::Tensor& dg, const at::Tensor& du) {
+  elementwise(g.numel(), [&](int64_t b, int64_t n) {
+    (isa == Isa::kAvx512 ? avx512::silu_mul_backward<T> : avx2::silu_mul_backward<T>)(
+        ptr<T>(g) + b, ptr<T>(u) + b, ptr<T>(dout) + b, ptr<T>(dg) + b, ptr<T>(du) + b, n);
+  });
+}
+
+}  // namespace
+
+bool silu_mul_applies(const at::Tensor& gate, const at::Tensor& up) {
+  return current_isa() != Isa::kNone && same_plain(gate, up);
+}
+
+at::Tensor silu_mul_forward(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(silu_mul_applies(gate, up), "silu_mul_forward: the kernels do not apply");
+  auto out = at::empty_like(gate);
+  if (gate.scalar_type() == at::kFloat)
+    silu_mul_run<float>(current_isa(), gate, up, out);
+  else
+    silu_mul_run<uint16_t>(current_isa(), gate, up, out);
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> silu_mul_backward(const at::Tensor& gate, const at::Tensor& up,
+                                                    const at::Tensor& grad_out) {
+  TORCH_CHECK(silu_mul_applies(gate, up), "silu_mul_backward: the kernels do not apply");
+  const auto d = grad_out.to(gate.scalar_type()).contiguous();
+  auto dg = at::empty_like(gate), du = at::empty_like(up);
+  if (gate.scalar_type() == at::kFloat)
+    silu_mul_backward_run<float>(current_isa(), gate, up, d, dg, du);
+  else
+    silu_mul_backward_run<uint16_t>(current_isa(), gate, up, d, dg, du);
+  return {dg, du};
+}
+
+std::string row_kernels_isa() { return isa_name(current_isa()); }
+
+std::string set_row_kernels_isa(const std::string& isa) {
+  const std::string previous = row_kernels_isa();
+  isa_setting.store(static_cast<int>(parse_isa(isa, "row kernels")));
+  return previous.empty() ? "library" : previous;
+}
+
+bool softmax_xent_rows(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& scale,
+                       const at::Tensor& loss) {
+  const Isa isa = current_isa();
+  if (isa == Isa::kNone || !logits.device().is_cpu() || logits.dim() != 2 ||
+      logits.stride(1) != 1 || logits.size(1) == 0 ||
+      (logits.scalar_type() != at::kFloat && logits.scalar_type() != at::kBFloat16))
+    return false;
+  const int64_t rows = logits.size(0), V = logits.size(1);
+  TORCH_CHECK(target.scalar_type() == at::kLong && target.is_contiguous() &&
+                  target.numel() == rows && loss.scalar_type() == at::kFloat &&
+                  loss.is_contiguous() && loss.numel() == rows &&
+                  (!scale.defined() || (scale.scalar_type() == at::kFloat &&
+                                        scale.is_contiguous() && scale.numel() == rows)),
+              "softmax_xent_rows: expected int64 targets and float32 loss (and scale) of ",
+              rows, " rows");
+  const int64_t* t = target.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r)
+    TORCH_CHECK(t[r] >= 0 && t[r] < V, "softmax_xent_rows: target ", t[r], " outside [0, ", V,
+                ")");
+  const float* s = scale.defined() ? scale.data_ptr<float>() : nullptr;
+  float* l = loss.data_ptr<float>();
+  if (logits.scalar_type() == at::kFloat)
+    xent_rows(isa, logits.data_ptr<float>(), rows, V, logits.stride(0), t, s, l);
+  else
+    xent_rows(isa, reinterpret_cast<uint16_t*>(logits.data_ptr<at::BFloat16>()), rows, V,
+              logits.stride(0), t, s, l);
+  return true;
+}
+
+}  // namespace emoe

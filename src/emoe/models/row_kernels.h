@@ -1,0 +1,46 @@
+// Row-wise kernels of a training step that ATen runs as several passes over memory: the
+// language-model loss's softmax and gradient over the vocabulary (one pass to read the row's
+// maximum, one for the exponentials and their sum, one to write the gradient, in place, in the
+// logits' own dtype), and the SwiGLU gate silu(g) * u with its backward pass in one pass each.
+//
+// Why: under bf16 autocast the chunked LM loss ran its softmax as ATen ops on a float32 copy of
+// the bfloat16 logits (copy, gather, amax, sub, exp, sum, mul, scatter, copy back: nine passes
+// over a [rows, 32000] block), 20 % of a Llama-style bf16 training step on a Xeon with AMX, where
+// the products themselves take less. The kernels compute in float32 with a vector exp (Cephes's
+// polynomial, relative error ~2 ulp) on AVX-512F or AVX2+FMA, the best the CPU has; elsewhere (or
+// on another device) the callers keep ATen's ops.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <utility>
+
+namespace emoe {
+
+// The instruction set the kernels use in this process: "avx512", "avx2" or "" (none: ATen's ops).
+std::string row_kernels_isa();
+// "auto" (default: the best this CPU has), "avx512", "avx2" (pinned; an error where the CPU lacks
+// it) or "library" / "" (ATen's ops). EMOE_ROW_KERNELS sets it at start-up; this sets it for the
+// process (tests and benchmarks compare both in one run) and returns the previous setting.
+// Throws UsageError for an unknown name or a set this CPU lacks.
+std::string set_row_kernels_isa(const std::string& isa);
+
+// Cross-entropy over rows of logits [R, V] (CPU, float32 or bfloat16, last dimension contiguous),
+// targets [R] (int64, each in [0, V)): loss [R] (float32) gets log Σ_j exp(x_j) - x_target per row.
+// With scale [R] (float32) defined, each row of logits is overwritten by its gradient
+// (softmax(x) - onehot(target)) * scale, computed in float32 and rounded once to the logits' dtype.
+// Returns false, touching nothing, when the kernels do not apply (none in use, another device or
+// dtype); the caller then computes it with ATen's ops.
+bool softmax_xent_rows(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& scale,
+                       const at::Tensor& loss);
+
+// The SwiGLU gate silu(gate) * up (Llama, Qwen, Mistral; T5 v1.1 uses GELU), in float32, rounded
+// once to the inputs' dtype. Applies to CPU tensors of one shape and dtype (float32 or bfloat16),
+// contiguous, while kernels are in use; silu_mul_forward/backward check it. The backward pass
+// gives (d gate, d up) from the incoming gradient (taken to the inputs' dtype).
+bool silu_mul_applies(const at::Tensor& gate, const at::Tensor& up);
+at::Tensor silu_mul_forward(const at::Tensor& gate, const at::Tensor& up);
+std::pair<at::Tensor, at::Tensor> silu_mul_backward(const at::Tensor& gate, const at::Tensor& up,
+                                                    const at::Tensor& grad_out);
+
+}  // namespace emoe

@@ -1,0 +1,184 @@
+// The row kernels (the LM loss's softmax rows) against float64, on every instruction set this CPU
+// has, and the chunked LM loss through them and through ATen's ops in one process.
+#include "emoe/models/row_kernels.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "emoe/core/error.h"
+#include "emoe/models/activation.h"
+#include "emoe/models/lm_loss.h"
+#include "emoe/train/precision.h"
+#include "support/test_support.h"
+
+namespace {
+
+std::vector<std::string> row_kernel_sets() {
+  const auto prev = emoe::set_row_kernels_isa("");  // (reads EMOE_ROW_KERNELS once)
+  std::vector<std::string> sets;
+  for (const std::string isa : {"avx512", "avx2"}) {
+    try {
+      emoe::set_row_kernels_isa(isa);
+      sets.push_back(isa);
+    } catch (const emoe::UsageError&) {
+    }
+  }
+  emoe::set_row_kernels_isa(prev);
+  return sets;
+}
+
+struct RowIsaScope {  // pins the kernels (or ATen's ops: "library") for one block
+  std::string prev;
+  explicit RowIsaScope(const std::string& isa) : prev(emoe::set_row_kernels_isa(isa)) {}
+  ~RowIsaScope() { emoe::set_row_kernels_isa(prev); }
+};
+
+TEST(RowKernels, SoftmaxCrossEntropyRowsMatchFloat64OnEveryKernelSet) {
+  const auto sets = row_kernel_sets();
+  if (sets.empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::manual_seed(3);
+  for (const auto& isa : sets) {
+    RowIsaScope pin(isa);
+    // vocabularies with and without a tail past the vector width; wide logits (exp's whole
+    // range: a row's smallest sits ~120 below its largest, past exp's normal floats)
+    for (const int64_t v : {int64_t{7}, int64_t{64}, int64_t{1003}}) {
+      for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+        const int64_t rows = 37;
+        auto base = torch::randn({rows, v + 5}) * 12;  // a row stride past the row: a view
+        base.index_put_({0, 0}, 60.0);
+        auto x = base.to(dtype).narrow(1, 2, v);
+        auto target = torch::randint(0, v, {rows}, torch::kLong);
+        auto scale = torch::rand({rows});
+        scale.index_put_({5}, 0.0);  // an ignored row
+        const auto x64 = x.to(torch::kDouble);
+        const auto lse = x64.logsumexp(1);
+        const auto want_loss = lse - x64.gather(1, target.unsqueeze(1)).squeeze(1);
+        auto want_grad = (x64 - lse.unsqueeze(1)).exp() * scale.to(torch::kDouble).unsqueeze(1);
+        want_grad.scatter_add_(1, target.unsqueeze(1), -scale.to(torch::kDouble).unsqueeze(1));
+        const auto what = isa + " V=" + std::to_string(v) + " " + c10::toString(dtype);
+        // the loss alone leaves the logits as they were
+        auto loss = torch::empty({rows});
+        auto kept = x.clone();
+        ASSERT_TRUE(emoe::softmax_xent_rows(kept, target, torch::Tensor(), loss)) << what;
+        EXPECT_TRUE(torch::equal(kept, x)) << what;
+        EXPECT_LT(emoe::test::max_abs_diff(loss.to(torch::kDouble), want_loss), 2e-5 * 60) << what;
+        // with the gradient: in place, rounded once to the logits' dtype
+        auto g = x.clone();
+        auto loss2 = torch::empty({rows});
+        ASSERT_TRUE(emoe::softmax_xent_rows(g, target, scale, loss2)) << what;
+        EXPECT_TRUE(torch::equal(loss, loss2)) << what;
+        const double tol = dtype == torch::kFloat ? 1e-6 : 4e-3;  // bf16: its rounding (2^-8)
+        EXPECT_LT(emoe::test::max_abs_diff(g.to(torch::kDouble), want_grad), tol) << what;
+        EXPECT_TRUE(torch::all(g[5] == 0).item<bool>()) << what;  // scale 0: nothing
+      }
+    }
+  }
+  // what they leave to ATen: another dtype; a non-contiguous row; out-of-range targets are errors
+  auto loss = torch::empty({2});
+  EXPECT_FALSE(emoe::softmax_xent_rows(torch::randn({2, 9}, torch::kDouble),
+                                       torch::zeros({2}, torch::kLong), torch::Tensor(), loss));
+  EXPECT_FALSE(emoe::softmax_xent_rows(torch::randn({9, 2}).t(), torch::zeros({2}, torch::kLong),
+                                       torch::Tensor(), loss));
+  EXPECT_ANY_THROW(emoe::softmax_xent_rows(torch::randn({2, 9}), torch::full({2}, 9, torch::kLong),
+                                           torch::Tensor(), loss));
+  {
+    RowIsaScope library("library");
+    EXPECT_EQ(emoe::row_kernels_isa(), "");
+    EXPECT_FALSE(emoe::softmax_xent_rows(torch::randn({2, 9}), torch::zeros({2}, torch::kLong),
+                                         torch::Tensor(), loss));
+  }
+  EXPECT_THROW(emoe::set_row_kernels_isa("sse9"), emoe::UsageError);
+}
+
+TEST(RowKernels, ChunkedLmLossGivesAtensValueAndGradientsThroughTheKernels) {
+  const auto sets = row_kernel_sets();
+  if (sets.empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::manual_seed(4);
+  const int64_t b = 3, t = 9, h = 32, v = 517;
+  auto labels = torch::randint(0, v, {b, t}, torch::kLong);
+  labels.index_put_({1, 4}, -100);
+  auto hidden = torch::randn({b, t, h});
+  auto w = torch::randn({v, h}) * 0.3;
+  for (const bool bf16 : {false, true}) {
+    auto run = [&](const std::string& isa, int64_t chunk) {
+      RowIsaScope pin(isa);
+      std::unique_ptr<emoe::PrecisionScope> scope;
+      if (bf16) scope = std::make_unique<emoe::PrecisionScope>(emoe::Precision::kBf16Mixed,
+                                                               torch::kCPU);
+      auto hd = hidden.clone().requires_grad_(true), wd = w.clone().requires_grad_(true);
+      auto loss = emoe::chunked_causal_lm_loss(hd, wd, labels, chunk);
+      auto grads = torch::autograd::grad({loss * 2}, {hd, wd});
+      return std::vector<torch::Tensor>{loss, grads[0], grads[1]};
+    };
+    const auto ref = run("library", 0);
+    for (const auto& isa : sets) {
+      for (const int64_t chunk : {int64_t{0}, int64_t{5}}) {
+        const auto got = run(isa, chunk);
+        const auto what = isa + (bf16 ? " bf16" : " fp32") + " chunk " + std::to_string(chunk);
+        ASSERT_EQ(got[0].scalar_type(), torch::kFloat) << what;
+        EXPECT_LT(std::abs(got[0].item<double>() - ref[0].item<double>()),
+                  (bf16 ? 1e-4 : 1e-5) * std::abs(ref[0].item<double>()))
+            << what;
+        for (int i = 1; i < 3; ++i) {
+          ASSERT_EQ(got[i].scalar_type(), torch::kFloat) << what;
+          // bf16: the kernels sum the weight's gradient over chunks in float32 where ATen's path
+          // rounds each chunk's part to bfloat16 first
+          const double tol = (bf16 ? 1e-2 : 1e-5) * ref[i].abs().max().item<double>();
+          EXPECT_LT(emoe::test::max_abs_diff(got[i], ref[i]), tol) << what << " grad " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(RowKernels, SiluMulAndItsGradientsMatchFloat64OnEveryKernelSet) {
+  const auto sets = row_kernel_sets();
+  if (sets.empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::manual_seed(5);
+  for (const auto& isa : sets) {
+    RowIsaScope pin(isa);
+    // a tail past the vector width; gates far out on both sides (sigmoid saturating)
+    for (const int64_t n : {int64_t{5}, int64_t{70001}}) {
+      for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+        auto g0 = torch::randn({n}) * 4;
+        g0.index_put_({0}, -100.0);
+        g0.index_put_({1}, 95.0);
+        const auto g = g0.to(dtype).requires_grad_(true);
+        const auto u = torch::randn({n}).to(dtype).requires_grad_(true);
+        const auto d = torch::randn({n}).to(dtype);
+        const auto what = isa + " n=" + std::to_string(n) + " " + c10::toString(dtype);
+        ASSERT_TRUE(emoe::silu_mul_applies(g, u)) << what;
+        auto y = emoe::activate_gated(g, u, emoe::Activation::kSilu);
+        ASSERT_EQ(y.scalar_type(), dtype);
+        auto grads = torch::autograd::grad({y}, {g, u}, {d});
+        auto g64 = g.detach().to(torch::kDouble), u64 = u.detach().to(torch::kDouble);
+        auto d64 = d.to(torch::kDouble), s = g64.sigmoid();
+        auto want_y = g64 * s * u64;
+        auto want_dg = d64 * u64 * s * (1 + g64 * (1 - s));
+        auto want_du = d64 * g64 * s;
+        // within a rounding of the dtype, relative to each value (d gate: to its terms' size,
+        // 1 + g (1 - s) cancels near g = -1.28)
+        const double rel = dtype == torch::kFloat ? 2e-6 : 8e-3;
+        auto check = [&](const torch::Tensor& got, const torch::Tensor& want, const char* name,
+                         const torch::Tensor& size) {
+          auto err = (got.to(torch::kDouble) - want).abs() - rel * size - 1e-30;
+          EXPECT_LE(err.max().item<double>(), 0.0) << what << " " << name;
+        };
+        check(y, want_y, "y", want_y.abs());
+        check(grads[0], want_dg, "d gate", (d64 * u64).abs() * (1 + g64.abs()) * s);
+        check(grads[1], want_du, "d up", want_du.abs());
+      }
+    }
+  }
+  // ATen's ops where the kernels do not apply: another activation, mixed dtypes, no kernels
+  auto g = torch::randn({4, 6}), u = torch::randn({4, 6});
+  EXPECT_FALSE(emoe::silu_mul_applies(g, u.to(torch::kBFloat16)));
+  EXPECT_FALSE(emoe::silu_mul_applies(g.t(), u.t()));
+  EXPECT_TRUE(torch::allclose(emoe::activate_gated(g, u, emoe::Activation::kGeluTanh),
+                              torch::gelu(g, "tanh") * u));
+  RowIsaScope library("library");
+  EXPECT_FALSE(emoe::silu_mul_applies(g, u));
+  EXPECT_TRUE(torch::equal(emoe::activate_gated(g, u, emoe::Activation::kSilu), torch::silu(g) * u));
+}
+
+}  // namespace
