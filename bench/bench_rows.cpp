@@ -91,7 +91,9 @@ int main(int argc, char** argv) {
     // and the kernel, one chunk of the loss's rows at a time as the loss runs them
     {
       torch::NoGradGuard no_grad;
-      const int64_t n = 8 * (t - 1), chunk = std::min<int64_t>(n, o.chunk > 0 ? o.chunk : emoe::lm_loss_chunk_rows(n, o.vocab, 2));
+      const int64_t n = 8 * (t - 1),
+                    chunk = std::min<int64_t>(
+                        n, o.chunk > 0 ? o.chunk : emoe::lm_loss_chunk_rows(n, o.vocab, 2));
       auto h = hidden.detach().reshape({-1, o.hidden}).narrow(0, 0, chunk).to(torch::kBFloat16);
       auto w = weight.detach().to(torch::kBFloat16);
       auto logits = torch::empty({chunk, o.vocab}, h.options());

@@ -8,6 +8,7 @@
 #include "emoe/core/error.h"
 #include "emoe/models/activation.h"
 #include "emoe/models/lm_loss.h"
+#include "emoe/models/norms.h"
 #include "emoe/train/precision.h"
 #include "support/test_support.h"
 
@@ -103,8 +104,8 @@ TEST(RowKernels, ChunkedLmLossGivesAtensValueAndGradientsThroughTheKernels) {
     auto run = [&](const std::string& isa, int64_t chunk) {
       RowIsaScope pin(isa);
       std::unique_ptr<emoe::PrecisionScope> scope;
-      if (bf16) scope = std::make_unique<emoe::PrecisionScope>(emoe::Precision::kBf16Mixed,
-                                                               torch::kCPU);
+      if (bf16)
+        scope = std::make_unique<emoe::PrecisionScope>(emoe::Precision::kBf16Mixed, torch::kCPU);
       auto hd = hidden.clone().requires_grad_(true), wd = w.clone().requires_grad_(true);
       auto loss = emoe::chunked_causal_lm_loss(hd, wd, labels, chunk);
       auto grads = torch::autograd::grad({loss * 2}, {hd, wd});
@@ -178,7 +179,49 @@ TEST(RowKernels, SiluMulAndItsGradientsMatchFloat64OnEveryKernelSet) {
                               torch::gelu(g, "tanh") * u));
   RowIsaScope library("library");
   EXPECT_FALSE(emoe::silu_mul_applies(g, u));
-  EXPECT_TRUE(torch::equal(emoe::activate_gated(g, u, emoe::Activation::kSilu), torch::silu(g) * u));
+  EXPECT_TRUE(
+      torch::equal(emoe::activate_gated(g, u, emoe::Activation::kSilu), torch::silu(g) * u));
+}
+
+TEST(RowKernels, RmsNormAndItsGradientsMatchFloat64OnEveryKernelSet) {
+  const auto sets = row_kernel_sets();
+  if (sets.empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::manual_seed(6);
+  for (const auto& isa : sets) {
+    RowIsaScope pin(isa);
+    for (const int64_t d : {int64_t{7}, int64_t{64}, int64_t{515}}) {
+      emoe::RMSNorm norm(d, 1e-5);
+      {
+        torch::NoGradGuard no_grad;
+        norm->weight.copy_(torch::randn({d}));
+      }
+      auto x = (torch::randn({3, 41, d}) * 3).requires_grad_(true);
+      auto dy = torch::randn({3, 41, d});
+      const auto what = isa + " d=" + std::to_string(d);
+      ASSERT_TRUE(emoe::rms_norm_applies(x, norm->weight)) << what;
+      auto y = norm(x);
+      auto grads = torch::autograd::grad({y}, {x, norm->weight}, {dy});
+      // float64 through autograd's ops
+      auto x64 = x.detach().to(torch::kDouble).requires_grad_(true);
+      auto w64 = norm->weight.detach().to(torch::kDouble).requires_grad_(true);
+      auto y64 = w64 * (x64 * torch::rsqrt(x64.pow(2).mean(-1, true) + 1e-5));
+      auto want = torch::autograd::grad({y64}, {x64, w64}, {dy.to(torch::kDouble)});
+      auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+        return (a.to(torch::kDouble) - b).abs().max().item<double>() / b.abs().max().item<double>();
+      };
+      EXPECT_LT(rel(y, y64.detach()), 1e-6) << what;
+      EXPECT_LT(rel(grads[0], want[0]), 1e-5) << what;
+      EXPECT_LT(rel(grads[1], want[1]), 1e-5) << what;
+    }
+  }
+  // ATen's ops elsewhere: bfloat16 rows (Qwen3's per-head norms under autocast), strided rows
+  emoe::RMSNorm norm(8, 1e-6);
+  EXPECT_FALSE(emoe::rms_norm_applies(torch::randn({4, 8}).to(torch::kBFloat16), norm->weight));
+  EXPECT_FALSE(emoe::rms_norm_applies(torch::randn({8, 4}).t(), norm->weight));
+  auto x = torch::randn({4, 8});
+  auto via_kernels = norm(x);
+  RowIsaScope library("library");
+  EXPECT_LT(emoe::test::max_abs_diff(norm(x), via_kernels), 1e-5);
 }
 
 }  // namespace

@@ -83,7 +83,8 @@ torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) {
   if (small_gemm_applies(x, weight, bias, options_.transposed))
     return small_gemm_linear(x, weight, bias, options_.transposed);
   // float32 on an AVX-512 CPU: oneDNN's kernels, keeping only what the gradients need
-  if (onednn_matmul_enabled(x)) return emoe::linear(x, weight_out_in(), bias);
+  if (onednn_matmul_enabled(x) || autocast_linear_applies(x, weight, bias))
+    return emoe::linear(x, weight_out_in(), bias);
   const auto w = autocast_weight();  // [out, in]
   if (frozen_with_input_grad(x, weight, bias))
     return FrozenLinearFn::apply(x, w, bias.defined() ? bias : torch::empty({0}, weight.options()));

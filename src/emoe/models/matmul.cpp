@@ -349,6 +349,61 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
   }
 };
 
+// x W^T + b under CPU bf16 autocast for a float32 weight that wants its gradient: the products
+// in bfloat16 as autocast's linear computes them (x, W and b rounded to bfloat16, the output
+// bfloat16), but the weight's and bias's gradients summed straight into float32 — autocast's
+// linear rounds them to bfloat16 and then copies them back to float32 (ToCopyBackward), a pass
+// over every weight per step for a less accurate gradient.
+class AutocastLinearFn : public torch::autograd::Function<AutocastLinearFn> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias_or_empty) {
+    RECORD_FUNCTION("emoe::autocast_linear", std::vector<c10::IValue>());
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    const int64_t in = weight.size(1), out_features = weight.size(0);
+    const auto x2 = x.reshape({-1, in}).to(at::kBFloat16);
+    const auto wb = weight.to(at::kBFloat16);  // strides kept: a transposed view stays one
+    const at::Tensor bias =
+        bias_or_empty.numel() > 0 ? bias_or_empty.to(at::kBFloat16) : at::Tensor();
+    auto y = at::empty({x2.size(0), out_features}, x2.options());
+    gemm_out(y, x2, wb.t(), bias);
+    ctx->save_for_backward(
+        {weight.requires_grad() ? x2 : at::Tensor(), x.requires_grad() ? wb : at::Tensor()});
+    ctx->saved_data["shape"] = x.sizes().vec();
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["bias"] = bias.defined();
+    ctx->saved_data["w_column_major"] = weight.stride(0) == 1 && weight.size(0) > 1;
+    auto shape = x.sizes().vec();
+    shape.back() = out_features;
+    return y.view(shape);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    auto saved = ctx->get_saved_variables();
+    const auto& x2 = saved[0];
+    const auto& wb = saved[1];
+    auto g2 = grads[0].reshape({-1, grads[0].size(-1)}).to(at::kBFloat16);
+    at::Tensor gx, gw, gb;
+    if (ctx->needs_input_grad(0)) {
+      gx = at::empty({g2.size(0), wb.size(1)}, g2.options());
+      gemm_out(gx, g2, wb);
+      gx = gx.view(ctx->saved_data["shape"].toIntVector())
+               .to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
+    }
+    if (ctx->needs_input_grad(1)) {
+      const int64_t out_features = g2.size(1), in = x2.size(1);
+      const auto f32 = g2.options().dtype(at::kFloat);
+      gw = ctx->saved_data["w_column_major"].toBool() ? at::empty({in, out_features}, f32).t()
+                                                      : at::empty({out_features, in}, f32);
+      gemm_out(gw, g2.t(), x2);  // bfloat16 operands, float32 sums
+    }
+    if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool())
+      gb = at::sum(g2, {0}, false, at::kFloat);
+    return {gx, gw, gb};
+  }
+};
+
 class MatmulFn : public torch::autograd::Function<MatmulFn> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& a,
@@ -483,7 +538,26 @@ void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
   fallback_gemm_out(out, a, b, bias, accumulate);
 }
 
+bool autocast_linear_applies(const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor& bias) {
+#ifdef EMOE_HAVE_ONEDNN
+  return at::autocast::is_cpu_enabled() &&
+         at::autocast::get_autocast_cpu_dtype() == at::kBFloat16 && at::GradMode::is_enabled() &&
+         weight.defined() && weight.requires_grad() && weight.dim() == 2 &&
+         weight.scalar_type() == at::kFloat && weight.device().is_cpu() && x.device().is_cpu() &&
+         (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+         (!bias.defined() || (bias.scalar_type() == at::kFloat && bias.device().is_cpu())) &&
+         has_isa(dnnl::cpu_isa::avx512_core_bf16);
+#else
+  (void)x, (void)weight, (void)bias;
+  return false;
+#endif
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (autocast_linear_applies(x, weight, bias))
+    return AutocastLinearFn::apply(x, weight,
+                                   bias.defined() ? bias : at::empty({0}, weight.options()));
   if (!onednn_matmul_enabled(x) || !all_float_cpu({&weight, &bias}))
     return torch::linear(x, weight, bias);
   return LinearFn::apply(x, weight, bias.defined() ? bias : at::empty({0}, weight.options()));

@@ -51,7 +51,10 @@ void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
 
 // x W^T + b with autograd (x [..., in], weight [out, in] in any layout, bias [out] or undefined).
 // Keeps x for the backward pass only when the weight needs a gradient, and the weight only when
-// x does. Falls back to torch::linear where oneDNN is not used.
+// x does. Falls back to torch::linear where oneDNN is not used. Under CPU bf16 autocast with a
+// float32 weight that wants a gradient (autocast_linear_applies): the products in bfloat16 as
+// autocast's linear, the weight's and bias's gradients summed straight into float32.
+bool autocast_linear_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 // a @ b with autograd for a [..., M, K], b [..., K, N] with equal leading dims; falls back to

@@ -1,7 +1,10 @@
 // LayerNorm and RMSNorm.
 #include "emoe/models/norms.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
+
+#include "emoe/models/row_kernels.h"
 
 namespace emoe {
 
@@ -22,7 +25,32 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
+namespace {
+
+// RMSNorm of float32 rows in one pass each way (row_kernels.h), keeping x and one rstd per row for
+// the backward pass instead of x, x^2's statistics and the normalised copy
+class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& weight, double eps) {
+    RECORD_FUNCTION("emoe::rms_norm", std::vector<c10::IValue>());
+    auto [y, rstd] = rms_norm_forward(x, weight, eps);
+    ctx->save_for_backward({x, weight, rstd});
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    RECORD_FUNCTION("emoe::rms_norm_backward", std::vector<c10::IValue>());
+    const auto s = ctx->get_saved_variables();
+    auto [dx, dw] = rms_norm_backward(s[0], s[1], s[2], grads[0]);
+    return {dx, dw, at::Tensor()};
+  }
+};
+
+}  // namespace
+
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  if (rms_norm_applies(x, weight)) return RmsNormFn::apply(x, weight, eps_);
   // statistics in float32 at least (float64 stays float64)
   auto h = x.scalar_type() == torch::kDouble ? x : x.to(torch::kFloat);
   auto var = h.pow(2).mean(-1, /*keepdim=*/true);

@@ -19,7 +19,9 @@
 namespace emoe {
 namespace {
 
-inline float scalar(float v) { return v; }
+inline float scalar(float v) {
+  return v;
+}
 inline float scalar(uint16_t bits) {
   const uint32_t u = static_cast<uint32_t>(bits) << 16;
   float f;
@@ -76,8 +78,8 @@ inline void store_bf16(uint16_t* p, __m512 v) {
   // round to nearest even: add 0x7fff plus the kept part's lowest bit, keep the top 16 bits
   const __m512i b = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_srli_epi32(
-      _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __m512i r =
+      _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
 }
 #define VEC __m512
@@ -117,8 +119,8 @@ inline __m256 vexp(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC5));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   // 2^n from the exponent bits (n in [-126, 127] after the clamp)
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 inline __m256 load_bf16(const uint16_t* p) {
@@ -128,8 +130,8 @@ inline __m256 load_bf16(const uint16_t* p) {
 inline void store_bf16(uint16_t* p, __m256 v) {
   const __m256i b = _mm256_castps_si256(v);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_srli_epi32(
-      _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i r =
+      _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
   // eight 32-bit lanes (each < 2^16) to eight 16-bit ones: pack within 128-bit halves, then
   // gather the halves' low quadwords
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
@@ -257,7 +259,7 @@ template <class T>
 void silu_mul_run(Isa isa, const at::Tensor& g, const at::Tensor& u, const at::Tensor& out) {
   elementwise(g.numel(), [&](int64_t b, int64_t n) {
     (isa == Isa::kAvx512 ? avx512::silu_mul<T> : avx2::silu_mul<T>)(ptr<T>(g) + b, ptr<T>(u) + b,
-                                                                     ptr<T>(out) + b, n);
+                                                                    ptr<T>(out) + b, n);
   });
 }
 
@@ -265,8 +267,10 @@ template <class T>
 void silu_mul_backward_run(Isa isa, const at::Tensor& g, const at::Tensor& u,
                            const at::Tensor& dout, const at::Tensor& dg, const at::Tensor& du) {
   elementwise(g.numel(), [&](int64_t b, int64_t n) {
-    (isa == Isa::kAvx512 ? avx512::silu_mul_backward<T> : avx2::silu_mul_backward<T>)(
-        ptr<T>(g) + b, ptr<T>(u) + b, ptr<T>(dout) + b, ptr<T>(dg) + b, ptr<T>(du) + b, n);
+    (isa == Isa::kAvx512 ? avx512::silu_mul_backward<T>
+                         : avx2::silu_mul_backward<T>)(ptr<T>(g) + b, ptr<T>(u) + b,
+                                                       ptr<T>(dout) + b, ptr<T>(dg) + b,
+                                                       ptr<T>(du) + b, n);
   });
 }
 
@@ -298,7 +302,66 @@ std::pair<at::Tensor, at::Tensor> silu_mul_backward(const at::Tensor& gate, cons
   return {dg, du};
 }
 
-std::string row_kernels_isa() { return isa_name(current_isa()); }
+bool rms_norm_applies(const at::Tensor& x, const at::Tensor& weight) {
+  return current_isa() != Isa::kNone && x.device().is_cpu() && x.scalar_type() == at::kFloat &&
+         x.is_contiguous() && x.dim() >= 1 && weight.defined() && weight.dim() == 1 &&
+         weight.scalar_type() == at::kFloat && weight.is_contiguous() && weight.device().is_cpu() &&
+         x.size(-1) == weight.size(0) && x.numel() > 0;
+}
+
+std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight,
+                                                   double eps) {
+  TORCH_CHECK(rms_norm_applies(x, weight), "rms_norm_forward: the kernels do not apply");
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  auto y = at::empty_like(x);
+  auto rstd = at::empty({rows}, x.options());
+  const Isa isa = current_isa();
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  float* rp = rstd.data_ptr<float>();
+  const auto e = static_cast<float>(eps);
+  at::parallel_for(
+      0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / d), [&](int64_t b, int64_t f) {
+        for (int64_t r = b; r < f; ++r)
+          rp[r] = isa == Isa::kAvx512 ? avx512::rms_norm_row(xp + r * d, wp, yp + r * d, d, e)
+                                      : avx2::rms_norm_row(xp + r * d, wp, yp + r * d, d, e);
+      });
+  return {y, rstd};
+}
+
+std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x, const at::Tensor& weight,
+                                                    const at::Tensor& rstd,
+                                                    const at::Tensor& grad_out) {
+  TORCH_CHECK(rms_norm_applies(x, weight), "rms_norm_backward: the kernels do not apply");
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  const auto dy = grad_out.to(at::kFloat).contiguous();
+  auto dx = at::empty_like(x);
+  // the weight's gradient: a partial sum per thread, added at the end
+  auto partial = at::zeros({at::get_num_threads(), d}, x.options());
+  const Isa isa = current_isa();
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  const float* gp = dy.data_ptr<float>();
+  const float* rp = rstd.data_ptr<float>();
+  float* dxp = dx.data_ptr<float>();
+  float* pp = partial.data_ptr<float>();
+  at::parallel_for(
+      0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / d), [&](int64_t b, int64_t f) {
+        float* dw = pp + at::get_thread_num() * d;
+        for (int64_t r = b; r < f; ++r) {
+          if (isa == Isa::kAvx512)
+            avx512::rms_norm_row_backward(xp + r * d, wp, gp + r * d, rp[r], dxp + r * d, dw, d);
+          else
+            avx2::rms_norm_row_backward(xp + r * d, wp, gp + r * d, rp[r], dxp + r * d, dw, d);
+        }
+      });
+  return {dx, partial.sum(0)};
+}
+
+std::string row_kernels_isa() {
+  return isa_name(current_isa());
+}
 
 std::string set_row_kernels_isa(const std::string& isa) {
   const std::string previous = row_kernels_isa();
@@ -314,17 +377,15 @@ bool softmax_xent_rows(const at::Tensor& logits, const at::Tensor& target, const
       (logits.scalar_type() != at::kFloat && logits.scalar_type() != at::kBFloat16))
     return false;
   const int64_t rows = logits.size(0), V = logits.size(1);
-  TORCH_CHECK(target.scalar_type() == at::kLong && target.is_contiguous() &&
-                  target.numel() == rows && loss.scalar_type() == at::kFloat &&
-                  loss.is_contiguous() && loss.numel() == rows &&
-                  (!scale.defined() || (scale.scalar_type() == at::kFloat &&
-                                        scale.is_contiguous() && scale.numel() == rows)),
-              "softmax_xent_rows: expected int64 targets and float32 loss (and scale) of ",
-              rows, " rows");
+  TORCH_CHECK(
+      target.scalar_type() == at::kLong && target.is_contiguous() && target.numel() == rows &&
+          loss.scalar_type() == at::kFloat && loss.is_contiguous() && loss.numel() == rows &&
+          (!scale.defined() ||
+           (scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == rows)),
+      "softmax_xent_rows: expected int64 targets and float32 loss (and scale) of ", rows, " rows");
   const int64_t* t = target.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r)
-    TORCH_CHECK(t[r] >= 0 && t[r] < V, "softmax_xent_rows: target ", t[r], " outside [0, ", V,
-                ")");
+    TORCH_CHECK(t[r] >= 0 && t[r] < V, "softmax_xent_rows: target ", t[r], " outside [0, ", V, ")");
   const float* s = scale.defined() ? scale.data_ptr<float>() : nullptr;
   float* l = loss.data_ptr<float>();
   if (logits.scalar_type() == at::kFloat)

@@ -43,4 +43,14 @@ at::Tensor silu_mul_forward(const at::Tensor& gate, const at::Tensor& up);
 std::pair<at::Tensor, at::Tensor> silu_mul_backward(const at::Tensor& gate, const at::Tensor& up,
                                                     const at::Tensor& grad_out);
 
+// RMSNorm y = weight * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps) over the last dimension, for
+// float32 x and weight on the CPU (x contiguous) while kernels are in use (rms_norm_applies):
+// forward gives (y, rstd [rows]); backward (d x, d weight) from the incoming gradient.
+bool rms_norm_applies(const at::Tensor& x, const at::Tensor& weight);
+std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight,
+                                                   double eps);
+std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x, const at::Tensor& weight,
+                                                    const at::Tensor& rstd,
+                                                    const at::Tensor& grad_out);
+
 }  // namespace emoe
