@@ -2,12 +2,14 @@
 // has, and the chunked LM loss through them and through ATen's ops in one process.
 #include "emoe/models/row_kernels.h"
 
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "emoe/core/error.h"
 #include "emoe/models/activation.h"
 #include "emoe/models/lm_loss.h"
+#include "emoe/models/matmul.h"
 #include "emoe/models/norms.h"
 #include "emoe/train/precision.h"
 #include "support/test_support.h"
@@ -222,6 +224,62 @@ TEST(RowKernels, RmsNormAndItsGradientsMatchFloat64OnEveryKernelSet) {
   auto via_kernels = norm(x);
   RowIsaScope library("library");
   EXPECT_LT(emoe::test::max_abs_diff(norm(x), via_kernels), 1e-5);
+}
+
+TEST(RowKernels, ColumnSumsMatchFloat64OnEveryKernelSet) {
+  const auto sets = row_kernel_sets();
+  if (sets.empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::manual_seed(7);
+  for (const auto& isa : sets) {
+    RowIsaScope pin(isa);
+    for (const int64_t n : {int64_t{3}, int64_t{64}, int64_t{200}}) {
+      for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+        auto g = torch::randn({77, n + 3}).to(dtype).narrow(1, 1, n);  // rows with a stride
+        ASSERT_TRUE(emoe::column_sum_applies(g));
+        auto got = emoe::column_sum(g);
+        ASSERT_EQ(got.scalar_type(), torch::kFloat);
+        EXPECT_LT(emoe::test::max_abs_diff(got.to(torch::kDouble), g.to(torch::kDouble).sum(0)),
+                  1e-4)
+            << isa << " " << n;
+      }
+    }
+  }
+  EXPECT_FALSE(emoe::column_sum_applies(torch::randn({4, 5}).t()));
+  EXPECT_FALSE(emoe::column_sum_applies(torch::randn({4, 5}, torch::kDouble)));
+}
+
+// Under bf16 autocast a float32 weight's gradient is summed straight into float32: it equals the
+// float64 product of the bfloat16 operands to float32 rounding, where autocast's linear rounds it
+// to bfloat16 (about 2^-9 relative) before copying it back.
+TEST(AutocastLinear, GivesAutocastsOutputAndFloat32WeightGradients) {
+  torch::manual_seed(9);
+  auto x = torch::randn({6, 33, 96}, torch::requires_grad());
+  auto w = torch::randn({80, 96}, torch::requires_grad());
+  auto b = torch::randn({80}, torch::requires_grad());
+  auto dy = torch::randn({6, 33, 80});
+  emoe::PrecisionScope bf16(emoe::Precision::kBf16Mixed, torch::kCPU);
+  if (!emoe::autocast_linear_applies(x, w, b))
+    GTEST_SKIP() << "no oneDNN bfloat16 products on this CPU (autocast's own linear runs)";
+  auto y = emoe::linear(x, w, b);
+  auto ref = torch::linear(x, w, b);  // autocast's
+  ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
+  EXPECT_LT(emoe::test::max_abs_diff(y.to(torch::kFloat), ref.to(torch::kFloat)),
+            1e-2 * ref.abs().max().item<double>());
+  auto g = torch::autograd::grad({y}, {x, w, b}, {dy.to(torch::kBFloat16)});
+  auto gr = torch::autograd::grad({ref}, {x, w, b}, {dy.to(torch::kBFloat16)});
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(g[i].scalar_type(), torch::kFloat) << i;
+  EXPECT_LT(emoe::test::max_abs_diff(g[0], gr[0]), 1e-2 * gr[0].abs().max().item<double>());
+  // the weight's and bias's gradients: float64 sums of the bfloat16 operands
+  at::autocast::set_cpu_enabled(false);
+  const auto d64 = dy.to(torch::kBFloat16).to(torch::kDouble).reshape({-1, 80});
+  const auto x64 = x.detach().to(torch::kBFloat16).to(torch::kDouble).reshape({-1, 96});
+  const auto want_w = d64.t().mm(x64), want_b = d64.sum(0);
+  const double scale_w = want_w.abs().max().item<double>();
+  EXPECT_LT(emoe::test::max_abs_diff(g[1].to(torch::kDouble), want_w), 1e-5 * scale_w);
+  EXPECT_GT(emoe::test::max_abs_diff(gr[1].to(torch::kDouble), want_w), 1e-4 * scale_w);
+  EXPECT_LT(emoe::test::max_abs_diff(g[2].to(torch::kDouble), want_b),
+            1e-5 * want_b.abs().max().item<double>());
+  at::autocast::set_cpu_enabled(true);
 }
 
 }  // namespace

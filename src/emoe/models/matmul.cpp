@@ -13,6 +13,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "emoe/models/row_kernels.h"
+
 #ifdef EMOE_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
@@ -399,7 +401,7 @@ class AutocastLinearFn : public torch::autograd::Function<AutocastLinearFn> {
       gemm_out(gw, g2.t(), x2);  // bfloat16 operands, float32 sums
     }
     if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool())
-      gb = at::sum(g2, {0}, false, at::kFloat);
+      gb = column_sum_applies(g2) ? column_sum(g2) : at::sum(g2, {0}, false, at::kFloat);
     return {gx, gw, gb};
   }
 };

@@ -359,6 +359,38 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x, const a
   return {dx, partial.sum(0)};
 }
 
+bool column_sum_applies(const at::Tensor& g) {
+  return current_isa() != Isa::kNone && g.device().is_cpu() && g.dim() == 2 && g.stride(1) == 1 &&
+         (g.scalar_type() == at::kFloat || g.scalar_type() == at::kBFloat16);
+}
+
+at::Tensor column_sum(const at::Tensor& g) {
+  TORCH_CHECK(column_sum_applies(g), "column_sum: the kernels do not apply");
+  const int64_t rows = g.size(0), n = g.size(1), ld = g.stride(0);
+  auto out = at::zeros({n}, g.options().dtype(at::kFloat));
+  const Isa isa = current_isa();
+  float* op = out.data_ptr<float>();
+  // threads take blocks of 64 columns (each reads its columns of every row)
+  const int64_t blocks = (n + 63) / 64;
+  auto run = [&](auto* p) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(p)>>;
+    at::parallel_for(0, blocks,
+                     std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(rows * 64, 1)),
+                     [&](int64_t b, int64_t e) {
+                       const int64_t c0 = b * 64, c1 = std::min(n, e * 64);
+                       if (isa == Isa::kAvx512)
+                         avx512::column_sums<T>(p, ld, 0, rows, c0, c1, op);
+                       else
+                         avx2::column_sums<T>(p, ld, 0, rows, c0, c1, op);
+                     });
+  };
+  if (g.scalar_type() == at::kFloat)
+    run(g.data_ptr<float>());
+  else
+    run(reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>()));
+  return out;
+}
+
 std::string row_kernels_isa() {
   return isa_name(current_isa());
 }

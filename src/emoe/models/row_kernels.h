@@ -53,4 +53,10 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x, const a
                                                     const at::Tensor& rstd,
                                                     const at::Tensor& grad_out);
 
+// Σ over rows of g [R, N] (CPU, float32 or bfloat16, rows contiguous) in float32: [N] — a bias's
+// gradient without ATen's float32 copy of a bfloat16 g first. column_sum_applies says whether the
+// kernels take it.
+bool column_sum_applies(const at::Tensor& g);
+at::Tensor column_sum(const at::Tensor& g);
+
 }  // namespace emoe
