@@ -1,6 +1,5 @@
 // The hot-loop kernels against their plain definitions: grouped expert GEMMs, the parallel
 // dropout, the fused AdamW step, fused q/k/v projections and mixed-precision scopes.
-#include <ATen/autocast_mode.h>
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -9,6 +8,7 @@
 #include <cstdlib>
 #include <functional>
 
+#include "emoe/core/autocast_compat.h"
 #include "emoe/core/error.h"
 #include "emoe/core/runtime.h"
 #include "emoe/models/activation.h"
@@ -945,9 +945,9 @@ TEST(ChunkedLmLoss, MatchesCrossEntropyOfTheLogitsInValueAndGradients) {
       }
       // and far from the float32 result's rounding: the products did run in bfloat16
       if (chunk == 0) {
-        at::autocast::set_cpu_enabled(false);
+        emoe::set_autocast_enabled(at::kCPU, false);
         auto full = emoe::chunked_causal_lm_loss(hd, wd, labels, chunk);
-        at::autocast::set_cpu_enabled(true);
+        emoe::set_autocast_enabled(at::kCPU, true);
         EXPECT_GT(std::abs(full.item<double>() - loss.item<double>()), 1e-7);
       }
     }

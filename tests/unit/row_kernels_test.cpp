@@ -2,10 +2,10 @@
 // has, and the chunked LM loss through them and through ATen's ops in one process.
 #include "emoe/models/row_kernels.h"
 
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "emoe/core/autocast_compat.h"
 #include "emoe/core/error.h"
 #include "emoe/models/activation.h"
 #include "emoe/models/lm_loss.h"
@@ -270,7 +270,7 @@ TEST(AutocastLinear, GivesAutocastsOutputAndFloat32WeightGradients) {
   for (int i = 0; i < 3; ++i) ASSERT_EQ(g[i].scalar_type(), torch::kFloat) << i;
   EXPECT_LT(emoe::test::max_abs_diff(g[0], gr[0]), 1e-2 * gr[0].abs().max().item<double>());
   // the weight's and bias's gradients: float64 sums of the bfloat16 operands
-  at::autocast::set_cpu_enabled(false);
+  emoe::set_autocast_enabled(at::kCPU, false);
   const auto d64 = dy.to(torch::kBFloat16).to(torch::kDouble).reshape({-1, 80});
   const auto x64 = x.detach().to(torch::kBFloat16).to(torch::kDouble).reshape({-1, 96});
   const auto want_w = d64.t().mm(x64), want_b = d64.sum(0);
@@ -279,7 +279,7 @@ TEST(AutocastLinear, GivesAutocastsOutputAndFloat32WeightGradients) {
   EXPECT_GT(emoe::test::max_abs_diff(gr[1].to(torch::kDouble), want_w), 1e-4 * scale_w);
   EXPECT_LT(emoe::test::max_abs_diff(g[2].to(torch::kDouble), want_b),
             1e-5 * want_b.abs().max().item<double>());
-  at::autocast::set_cpu_enabled(true);
+  emoe::set_autocast_enabled(at::kCPU, true);
 }
 
 }  // namespace

@@ -2,10 +2,10 @@
 // CPU has, and the conditions under which the layers take them.
 #include "emoe/models/small_gemm.h"
 
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "emoe/core/autocast_compat.h"
 #include "emoe/core/error.h"
 #include "emoe/models/generate.h"
 #include "emoe/models/linear.h"
@@ -91,9 +91,9 @@ TEST(SmallGemm, TakenOnlyForFewRowsWithoutGradientsOrAutocast) {
   {
     torch::NoGradGuard no_grad;
     EXPECT_TRUE(emoe::small_gemm_applies(x, wg, {}, false));
-    at::autocast::set_cpu_enabled(true);
+    emoe::set_autocast_enabled(at::kCPU, true);
     EXPECT_FALSE(emoe::small_gemm_applies(x, w, {}, false));
-    at::autocast::set_cpu_enabled(false);
+    emoe::set_autocast_enabled(at::kCPU, false);
   }
   {
     IsaScope none("");

@@ -1,10 +1,10 @@
 // Linear / Conv1D layer used by every architecture.
 #include "emoe/models/linear.h"
 
-#include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include "emoe/core/autocast_compat.h"
 #include "emoe/models/matmul.h"
 #include "emoe/models/small_gemm.h"
 
@@ -62,10 +62,10 @@ torch::Tensor LinearImpl::autocast_weight() {
   auto w = weight_out_in();
   if (weight.requires_grad() || weight.scalar_type() != at::kFloat) return w;
   c10::optional<at::ScalarType> dtype;
-  if (weight.device().is_cpu() && at::autocast::is_cpu_enabled())
-    dtype = at::autocast::get_autocast_cpu_dtype();
-  if (weight.device().is_cuda() && at::autocast::is_enabled())
-    dtype = at::autocast::get_autocast_gpu_dtype();
+  if (weight.device().is_cpu() && emoe::autocast_enabled(at::kCPU))
+    dtype = emoe::autocast_dtype(at::kCPU);
+  if (weight.device().is_cuda() && emoe::autocast_enabled(at::kCUDA))
+    dtype = emoe::autocast_dtype(at::kCUDA);
   if (!dtype || *dtype == at::kFloat) return w;
   if (!cast_.defined() || cast_.scalar_type() != *dtype || !cast_source_.is_same(weight) ||
       cast_data_ != weight.data_ptr() || cast_version_ != static_cast<int64_t>(weight._version())) {

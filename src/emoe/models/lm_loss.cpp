@@ -1,12 +1,12 @@
 // The causal-LM head and its loss in row chunks (see the header).
 #include "emoe/models/lm_loss.h"
 
-#include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 
+#include "emoe/core/autocast_compat.h"
 #include "emoe/models/matmul.h"
 #include "emoe/models/row_kernels.h"
 
@@ -152,10 +152,10 @@ class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
 
 // the products' dtype: autocast's where it is on for the tensors' device, else theirs
 at::ScalarType lm_loss_compute_dtype(const at::Tensor& hidden) {
-  if (hidden.device().is_cpu() && at::autocast::is_cpu_enabled())
-    return at::autocast::get_autocast_cpu_dtype();
-  if (hidden.device().is_cuda() && at::autocast::is_enabled())
-    return at::autocast::get_autocast_gpu_dtype();
+  if (hidden.device().is_cpu() && emoe::autocast_enabled(at::kCPU))
+    return emoe::autocast_dtype(at::kCPU);
+  if (hidden.device().is_cuda() && emoe::autocast_enabled(at::kCUDA))
+    return emoe::autocast_dtype(at::kCUDA);
   return hidden.scalar_type();
 }
 

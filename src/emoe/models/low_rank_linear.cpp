@@ -1,10 +1,10 @@
 // A frozen linear layer plus low-rank updates as one autograd node (see the header).
 #include "emoe/models/low_rank_linear.h"
 
-#include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include "emoe/core/autocast_compat.h"
 #include "emoe/models/dropout.h"
 #include "emoe/models/matmul.h"
 
@@ -135,7 +135,7 @@ bool plain_float_cpu(const at::Tensor& t) {
 bool low_rank_linear_supported(const at::Tensor& x, const at::Tensor& weight,
                                const at::Tensor& bias, const std::vector<LowRankUpdate>& updates) {
   if (!x.defined() || !x.device().is_cpu() || x.scalar_type() != at::kFloat || x.dim() < 1 ||
-      at::autocast::is_cpu_enabled())
+      emoe::autocast_enabled(at::kCPU))
     return false;
   if (!plain_float_cpu(weight) || weight.requires_grad() || x.size(-1) != weight.size(1))
     return false;

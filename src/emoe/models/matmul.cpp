@@ -1,7 +1,6 @@
 // oneDNN matrix products with autograd (see matmul.h for why).
 #include "emoe/models/matmul.h"
 
-#include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
@@ -13,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "emoe/core/autocast_compat.h"
 #include "emoe/models/row_kernels.h"
 
 #ifdef EMOE_HAVE_ONEDNN
@@ -454,7 +454,7 @@ bool all_float_cpu(std::initializer_list<const at::Tensor*> ts) {
 bool onednn_matmul_enabled(const at::Tensor& t) {
 #ifdef EMOE_HAVE_ONEDNN
   return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat &&
-         !at::autocast::is_cpu_enabled() && onednn_isa_ok();
+         !emoe::autocast_enabled(at::kCPU) && onednn_isa_ok();
 #else
   (void)t;
   return false;
@@ -543,10 +543,10 @@ void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
 bool autocast_linear_applies(const at::Tensor& x, const at::Tensor& weight,
                              const at::Tensor& bias) {
 #ifdef EMOE_HAVE_ONEDNN
-  return at::autocast::is_cpu_enabled() &&
-         at::autocast::get_autocast_cpu_dtype() == at::kBFloat16 && at::GradMode::is_enabled() &&
-         weight.defined() && weight.requires_grad() && weight.dim() == 2 &&
-         weight.scalar_type() == at::kFloat && weight.device().is_cpu() && x.device().is_cpu() &&
+  return emoe::autocast_enabled(at::kCPU) && emoe::autocast_dtype(at::kCPU) == at::kBFloat16 &&
+         at::GradMode::is_enabled() && weight.defined() && weight.requires_grad() &&
+         weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu() &&
+         x.device().is_cpu() &&
          (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
          (!bias.defined() || (bias.scalar_type() == at::kFloat && bias.device().is_cpu())) &&
          has_isa(dnnl::cpu_isa::avx512_core_bf16);

@@ -2,7 +2,6 @@
 #include "emoe/models/small_gemm.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
@@ -16,6 +15,7 @@
 #include <map>
 #include <mutex>
 
+#include "emoe/core/autocast_compat.h"
 #include "emoe/core/error.h"
 
 namespace emoe {
@@ -306,7 +306,7 @@ bool small_gemm_applies(const at::Tensor& x, const at::Tensor& weight, const at:
   const auto dtype = weight.scalar_type();
   if (!x.device().is_cpu() || !weight.device().is_cpu() || x.scalar_type() != dtype ||
       (dtype != at::kFloat && dtype != at::kBFloat16) || weight.dim() != 2 ||
-      !weight.is_contiguous() || x.dim() < 1 || at::autocast::is_cpu_enabled())
+      !weight.is_contiguous() || x.dim() < 1 || emoe::autocast_enabled(at::kCPU))
     return false;
   const int64_t k = weight.size(weight_kn ? 0 : 1), n = weight.size(weight_kn ? 1 : 0);
   if (x.size(-1) != k || k == 0 || n == 0 || x.numel() / k > kSmallGemmMaxRows || x.numel() == 0)

@@ -1,9 +1,9 @@
 // MoE FFN plugs: routing of real tokens, masked and dispatched expert computation, GMoE experts.
 #include "emoe/moe/routed_ffn.h"
 
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include "emoe/core/autocast_compat.h"
 #include "emoe/core/error.h"
 #include "emoe/models/dropout.h"
 #include "emoe/models/matmul.h"
@@ -178,10 +178,11 @@ torch::Tensor ExpertFfnImpl::compute_dispatched(const torch::Tensor& x, const Ro
   // pre-activation dropout needs the composed path below.
   if (!(cfg_.preact_dropout > 0 && is_training())) {
     const bool cuda = x.device().is_cuda();
-    const bool autocast = cuda ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
-    const auto compute = autocast ? (cuda ? at::autocast::get_autocast_gpu_dtype()
-                                          : at::autocast::get_autocast_cpu_dtype())
-                                  : x.scalar_type();
+    const bool autocast =
+        cuda ? emoe::autocast_enabled(at::kCUDA) : emoe::autocast_enabled(at::kCPU);
+    const auto compute =
+        autocast ? (cuda ? emoe::autocast_dtype(at::kCUDA) : emoe::autocast_dtype(at::kCPU))
+                 : x.scalar_type();
     c10::impl::ExcludeDispatchKeyGuard no_autocast(
         c10::DispatchKeySet({c10::DispatchKey::AutocastCPU, c10::DispatchKey::AutocastCUDA}));
     auto out = dispatched_expert_ffn(

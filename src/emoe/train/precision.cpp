@@ -1,8 +1,7 @@
 // Mixed-precision scopes over ATen's autocast.
 #include "emoe/train/precision.h"
 
-#include <ATen/autocast_mode.h>
-
+#include "emoe/core/autocast_compat.h"
 #include "emoe/core/error.h"
 
 namespace emoe {
@@ -22,13 +21,13 @@ PrecisionScope::PrecisionScope(Precision p, const c10::Device& device) {
   active_ = true;
   cuda_ = device.is_cuda();
   if (cuda_) {
-    previous_ = at::autocast::is_enabled();
-    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
-    at::autocast::set_enabled(true);
+    previous_ = emoe::autocast_enabled(at::kCUDA);
+    emoe::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    emoe::set_autocast_enabled(at::kCUDA, true);
   } else {
-    previous_ = at::autocast::is_cpu_enabled();
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-    at::autocast::set_cpu_enabled(true);
+    previous_ = emoe::autocast_enabled(at::kCPU);
+    emoe::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    emoe::set_autocast_enabled(at::kCPU, true);
   }
   at::autocast::increment_nesting();
 }
@@ -37,9 +36,9 @@ PrecisionScope::~PrecisionScope() {
   if (!active_) return;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
   if (cuda_)
-    at::autocast::set_enabled(previous_);
+    emoe::set_autocast_enabled(at::kCUDA, previous_);
   else
-    at::autocast::set_cpu_enabled(previous_);
+    emoe::set_autocast_enabled(at::kCPU, previous_);
 }
 
 }  // namespace emoe
