@@ -176,7 +176,7 @@ class TensorMemory final : public c10::Allocator {
     if (device.is_cuda()) {
       auto stats =
           c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
-      const auto agg = static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE);
+      const size_t agg = 0;  // StatType::AGGREGATE (the enum left this namespace in libtorch 2.x)
       return static_cast<double>(stats.allocated_bytes[agg].peak) / (1024.0 * 1024.0);
     }
 #else

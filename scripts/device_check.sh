@@ -18,7 +18,8 @@
 #                                              benchmark on the CPU
 # Environment: OUT (default ./device-out), BUILD (default build-device), JOBS (default nproc),
 # STAGES (default "build golden bench"), BENCH_MODELS (default bert-base,llama-style),
-# BENCH_STEPS (default 5), and each stage's time limit in seconds: CONFIGURE_LIMIT (120),
+# BENCH_STEPS (default 5), BENCH_ARGS (default "--precision both"), GOLDEN_FILTER (default
+# "-Tokenizer*": the tokenizer suites run on the CPU alone), and each stage's time limit in seconds: CONFIGURE_LIMIT (120),
 # BUILD_LIMIT (300), GOLDEN_LIMIT (90), BENCH_LIMIT (150, per model) — sized for 16 cores and
 # the device tool's 10-minute call.
 set -uo pipefail
@@ -32,6 +33,8 @@ JOBS=${JOBS:-$(nproc)}
 STAGES=${STAGES:-build golden bench}
 BENCH_MODELS=${BENCH_MODELS:-bert-base,llama-style}
 BENCH_STEPS=${BENCH_STEPS:-5}
+BENCH_ARGS=${BENCH_ARGS:---precision both}
+GOLDEN_FILTER=${GOLDEN_FILTER:--Tokenizer*}
 CONFIGURE_LIMIT=${CONFIGURE_LIMIT:-120}
 BUILD_LIMIT=${BUILD_LIMIT:-300}
 GOLDEN_LIMIT=${GOLDEN_LIMIT:-90}
@@ -123,14 +126,14 @@ done
 if [[ " $STAGES " == *" golden "* ]]; then
   # the tokenizer suites run on the CPU alone and their files stay here (device_kit.sh)
   EMOE_TEST_DEVICE=$DEVICE run_stage golden "$GOLDEN_LIMIT" "$BUILD/tests/golden_tests" \
-    --gtest_filter='-Tokenizer*' --gtest_output="json:$OUT/golden.json"
+    --gtest_filter="$GOLDEN_FILTER" --gtest_output="json:$OUT/golden.json"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]" "$STAGE_LOG" | tee -a "$SUMMARY"
 fi
 
 if [[ " $STAGES " == *" bench "* ]]; then
   for model in ${BENCH_MODELS//,/ }; do
     run_stage "bench-$model" "$BENCH_LIMIT" "$BUILD/bench/bench_train" --device "$DEVICE" --models "$model" \
-      --precision both --steps "$BENCH_STEPS" --json "$OUT/bench-$model.json" --markdown "$OUT/bench-$model.md"
+      $BENCH_ARGS --steps "$BENCH_STEPS" --json "$OUT/bench-$model.json" --markdown "$OUT/bench-$model.md"
     [ -f "$OUT/bench-$model.md" ] && cat "$OUT/bench-$model.md"
   done
 fi

@@ -24,7 +24,7 @@ ARCH=x86_64-linux-gnu
 PACKAGES=(
   libfmt-dev libfmt9 libspdlog-dev libspdlog1.10 libyaml-cpp-dev libyaml-cpp0.7
   nlohmann-json3-dev libcli11-dev libutf8proc-dev libutf8proc2 liblemon-dev liblemon1.3.1 libmetis-dev libmetis5
-  libsentencepiece-dev libsentencepiece0 libgtest-dev libgmock-dev
+  libsentencepiece-dev libsentencepiece0 libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libgtest-dev libgmock-dev
   libcairo2-dev libcairo2 libpixman-1-0 libfontconfig1 libfreetype6 libpng16-16 libxcb1
   libxcb-render0 libxcb-shm0 libx11-6 libx11-data libxext6 libxrender1 libxau6 libxdmcp6 libbsd0
   libmd0 libexpat1 libbrotli1

@@ -185,6 +185,8 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
   return true;
 }
 
+#endif
+
 // --- float32: oneDNN or ATen, measured per shape -------------------------------------------
 // Which library is faster for a float32 product depends on the CPU and the shape: on an AMD EPYC
 // (Zen 4) Debian's OpenBLAS runs its AVX2 kernels and oneDNN is ~1.8x faster; on an Intel Xeon
@@ -218,6 +220,7 @@ GemmChoices& gemm_choices() {
   return c;
 }
 
+#ifdef EMOE_HAVE_ONEDNN
 constexpr double kMeasureMacs = 16.0 * 1024 * 1024;  // smaller products: oneDNN, unmeasured
 
 void fallback_gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
