@@ -1,5 +1,6 @@
 // The row kernels against ATen's ops, alternated in one process: the chunked LM loss (forward and
-// both gradients) of a Llama-style head, float32 and bf16 autocast.
+// both gradients) of a Llama-style head, and causal attention (its masked softmax) forward and
+// backward at the Llama-style benchmark's shape, float32 and bf16 autocast.
 //
 // Usage: bench_rows [--rows N] [--vocab V] [--hidden H] [--chunk ROWS] [--seconds TENTHS]
 //   defaults: the Llama-style benchmark's step (8 x 255 rows, 32000 words, 512 wide).
@@ -12,6 +13,7 @@
 #include "emoe/core/cpu_info.h"
 #include "emoe/core/error.h"
 #include "emoe/core/runtime.h"
+#include "emoe/models/attention.h"
 #include "emoe/models/lm_loss.h"
 #include "emoe/models/row_kernels.h"
 #include "emoe/train/precision.h"
@@ -85,6 +87,39 @@ int main(int argc, char** argv) {
       }
       std::cout << fmt::format("| {} | {:.1f} | {:.1f} | {:.2f}x |\n", bf16 ? "bf16" : "fp32",
                                lib * 1e3, ker * 1e3, ker / lib);
+    }
+    // causal attention, 8 heads of 64 over 8 sequences of t tokens: the products are ATen's
+    // either way, the softmax between them the kernels' or ATen's fill + softmax + casts
+    {
+      const int64_t heads = 8, d = 64;
+      auto q = torch::randn({8, heads, t, d}).requires_grad_(true);
+      auto k = torch::randn({8, heads, t, d}).requires_grad_(true);
+      auto v = torch::randn({8, heads, t, d}).requires_grad_(true);
+      const auto mask = emoe::build_block_mask(at::Tensor(), t, t, true, torch::kCPU);
+      std::cout << fmt::format(
+          "\nCausal attention, forward + gradients, 8 x {} heads x {} tokens x {} wide\n", heads, t,
+          d);
+      std::cout << "| precision | ATen's ops ms | row kernels ms | ratio |\n|---|---|---|---|\n";
+      for (const bool bf16 : {false, true}) {
+        auto step = [&](const std::string& isa) {
+          emoe::set_row_kernels_isa(isa);
+          std::unique_ptr<emoe::PrecisionScope> scope;
+          if (bf16)
+            scope =
+                std::make_unique<emoe::PrecisionScope>(emoe::Precision::kBf16Mixed, torch::kCPU);
+          auto out = emoe::scaled_attention(q, k, v, mask, 0.125, 0.0, true);
+          auto g = torch::autograd::grad({out.sum()}, {q, k, v});
+        };
+        double lib = 1e30, ker = 1e30;
+        for (int round = 0; round < 3; ++round) {
+          lib =
+              std::min(lib, emoe::bench::time_per_call([&] { step("library"); }, 2, o.seconds / 3));
+          ker = std::min(ker, emoe::bench::time_per_call([&] { step(kernels); }, 2, o.seconds / 3));
+        }
+        std::cout << fmt::format("| {} | {:.1f} | {:.1f} | {:.2f}x |\n", bf16 ? "bf16" : "fp32",
+                                 lib * 1e3, ker * 1e3, ker / lib);
+      }
+      std::cout << "\n";
     }
     emoe::set_row_kernels_isa(kernels);
     // where the bf16 time goes: the three products (oneDNN; the gradients' summed into float32)

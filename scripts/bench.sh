@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every benchmark program and writes docs/performance/{gemm,train,ffn,generate,dist}.md +
+# Runs every benchmark program and writes docs/performance/{gemm,train,ffn,generate,rows,dist}.md +
 # train.json.
 # Usage: scripts/bench.sh [BUILD_DIR]   (default build/; takes about 20 minutes on 2 cores)
 # Quick check of the same code path: QUICK=1 scripts/bench.sh (tiny shapes, a minute).
@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 out=docs/performance
-for b in bench_gemm bench_train bench_ffn bench_generate; do
+for b in bench_gemm bench_train bench_ffn bench_generate bench_rows; do
   [[ -x "$build/bench/$b" ]] || { echo "bench.sh: $build/bench/$b not built (run scripts/setup.sh)" >&2; exit 2; }
 done
 mkdir -p "$out"
@@ -19,8 +19,9 @@ if [[ "${QUICK:-0}" == 1 ]]; then
   "$build/bench/bench_ffn" --tokens 128 --reps 1 > "$out/ffn.md"
   "$build/bench/bench_ffn" --tokens 128 --reps 1 --precision bf16 >> "$out/ffn.md"
   "$build/bench/bench_generate" --layers 1 --prompt 8 --new 4 --reps 1 --batches 1,2 > "$out/generate.md"
+  "$build/bench/bench_rows" --rows 64 --vocab 512 --hidden 64 --seconds 1 > "$out/rows.md"
   STEPS=4 BATCH=8 scripts/bench_dist.sh "$build" > "$out/dist.md"
-  cat "$out/gemm.md" "$out/train.md" "$out/ffn.md" "$out/generate.md" "$out/dist.md"
+  cat "$out/gemm.md" "$out/train.md" "$out/ffn.md" "$out/generate.md" "$out/rows.md" "$out/dist.md"
   exit 0
 fi
 "$build/bench/bench_gemm" | tee "$out/gemm.md"
@@ -28,4 +29,5 @@ fi
 { "$build/bench/bench_ffn" --tokens 2048 --reps 5 && echo &&
   "$build/bench/bench_ffn" --tokens 2048 --reps 5 --precision bf16; } | tee "$out/ffn.md"
 "$build/bench/bench_generate" | tee "$out/generate.md"
+"$build/bench/bench_rows" | tee "$out/rows.md"
 scripts/bench_dist.sh "$build" | tee "$out/dist.md"

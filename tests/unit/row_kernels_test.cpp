@@ -8,6 +8,7 @@
 #include "emoe/core/autocast_compat.h"
 #include "emoe/core/error.h"
 #include "emoe/models/activation.h"
+#include "emoe/models/attention.h"
 #include "emoe/models/lm_loss.h"
 #include "emoe/models/matmul.h"
 #include "emoe/models/norms.h"
@@ -246,6 +247,85 @@ TEST(RowKernels, ColumnSumsMatchFloat64OnEveryKernelSet) {
   }
   EXPECT_FALSE(emoe::column_sum_applies(torch::randn({4, 5}).t()));
   EXPECT_FALSE(emoe::column_sum_applies(torch::randn({4, 5}, torch::kDouble)));
+}
+
+// Attention probabilities: the blocked positions (causal, padding, a query blocked everywhere) as
+// ATen's fill + float32 softmax computes them, in float64, and the gradient.
+TEST(RowKernels, MaskedSoftmaxAndItsGradientMatchFloat64OnEveryKernelSet) {
+  const auto sets = row_kernel_sets();
+  if (sets.empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::manual_seed(11);
+  const int64_t b = 2, h = 3, t = 5;
+  for (const auto& isa : sets) {
+    RowIsaScope pin(isa);
+    for (const int64_t s : {int64_t{7}, int64_t{64}, int64_t{203}}) {
+      auto causal = emoe::build_block_mask(at::Tensor(), t, s, true, torch::kCPU);
+      auto pad = torch::ones({b, s}, torch::kLong);
+      pad.index_put_({0, torch::indexing::Slice(s - 2, torch::indexing::None)}, 0);
+      pad.index_put_({1, torch::indexing::Slice(0, s - t + 2)}, 0);  // query 0 of row 1: none open
+      auto both = emoe::build_block_mask(pad, t, s, true, torch::kCPU);
+      ASSERT_TRUE(both.index({1, 0, 0}).all().item<bool>());
+      for (const auto& mask : {at::Tensor(), causal, both}) {
+        for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+          SCOPED_TRACE(isa + " S " + std::to_string(s) + (mask.defined() ? " masked " : " open ") +
+                       (dtype == torch::kFloat ? "float32" : "bfloat16"));
+          auto x = (torch::randn({b, h, t, s}) * 6).to(dtype);
+          ASSERT_TRUE(emoe::masked_softmax_applies(x, mask));
+          auto y = emoe::masked_softmax_forward(x, mask);
+          ASSERT_EQ(y.scalar_type(), dtype);
+          auto x64 = x.to(torch::kDouble);
+          if (mask.defined())
+            x64 = x64.masked_fill(mask, emoe::lowest_value(dtype).toDouble() * (1 - 1e-7));
+          const auto want = x64.softmax(-1);
+          const double tol = dtype == torch::kFloat ? 1e-6 : 4e-3;
+          EXPECT_LT(emoe::test::max_abs_diff(y.to(torch::kDouble), want), tol);
+          auto dy = torch::randn({b, h, t, s}).to(dtype);
+          auto dx = emoe::masked_softmax_backward(y, dy, mask);
+          const auto y64 = y.to(torch::kDouble), dy64 = dy.to(torch::kDouble);
+          auto want_dx = y64 * (dy64 - (dy64 * y64).sum(-1, true));
+          if (mask.defined()) want_dx = want_dx.masked_fill(mask, 0.0);
+          EXPECT_LT(emoe::test::max_abs_diff(dx.to(torch::kDouble), want_dx),
+                    (dtype == torch::kFloat ? 1e-5 : 2e-2) * want_dx.abs().max().item<double>());
+        }
+      }
+    }
+  }
+  // what the kernels leave to ATen: float64, a strided view, a mask broadcast along its last axis
+  EXPECT_FALSE(emoe::masked_softmax_applies(torch::randn({2, 3}, torch::kDouble), at::Tensor()));
+  EXPECT_FALSE(emoe::masked_softmax_applies(torch::randn({3, 2}).t(), at::Tensor()));
+  EXPECT_FALSE(
+      emoe::masked_softmax_applies(torch::randn({2, 3}), torch::zeros({2, 1}, torch::kBool)));
+}
+
+// scaled_attention through the kernels and through ATen's ops (grouped-query, causal + padding,
+// float32 and bf16 autocast): the same output and gradients.
+TEST(RowKernels, ScaledAttentionGivesAtensValuesAndGradients) {
+  if (row_kernel_sets().empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::manual_seed(12);
+  const int64_t b = 2, hq = 4, hkv = 2, t = 9, d = 16;
+  auto pad = torch::ones({b, t}, torch::kLong);
+  pad.index_put_({1, torch::indexing::Slice(0, 3)}, 0);
+  const auto mask = emoe::build_block_mask(pad, t, t, true, torch::kCPU);
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    auto q = torch::randn({b, hq, t, d}).to(dtype).requires_grad_();
+    auto k = torch::randn({b, hkv, t, d}).to(dtype).requires_grad_();
+    auto v = torch::randn({b, hkv, t, d}).to(dtype).requires_grad_();
+    auto dout = torch::randn({b, hq, t, d}).to(dtype);
+    auto run = [&](const std::string& isa) {
+      RowIsaScope pin(isa);
+      auto out = emoe::scaled_attention(q, k, v, mask, 0.25, 0.0, true);
+      auto g = torch::autograd::grad({out}, {q, k, v}, {dout});
+      return std::vector<at::Tensor>{out, g[0], g[1], g[2]};
+    };
+    const auto got = run("auto"), want = run("library");
+    const double tol = dtype == torch::kFloat ? 1e-5 : 3e-2;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].scalar_type(), dtype) << i;
+      EXPECT_LT(emoe::test::max_abs_diff(got[i].to(torch::kDouble), want[i].to(torch::kDouble)),
+                tol * (1 + want[i].abs().max().item<double>()))
+          << i << (dtype == torch::kFloat ? " float32" : " bfloat16");
+    }
+  }
 }
 
 // Under bf16 autocast a float32 weight's gradient is summed straight into float32: it equals the

@@ -9,18 +9,23 @@
 namespace emoe {
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-inline bool autocast_enabled(c10::DeviceType device) { return at::autocast::is_autocast_enabled(device); }
+inline bool autocast_enabled(c10::DeviceType device) {
+  return at::autocast::is_autocast_enabled(device);
+}
 inline void set_autocast_enabled(c10::DeviceType device, bool enabled) {
   at::autocast::set_autocast_enabled(device, enabled);
 }
-inline at::ScalarType autocast_dtype(c10::DeviceType device) { return at::autocast::get_autocast_dtype(device); }
+inline at::ScalarType autocast_dtype(c10::DeviceType device) {
+  return at::autocast::get_autocast_dtype(device);
+}
 inline void set_autocast_dtype(c10::DeviceType device, at::ScalarType dtype) {
   at::autocast::set_autocast_dtype(device, dtype);
 }
 #else
 // 1.13: the CPU has its own functions, the unqualified ones are CUDA's
 inline bool autocast_enabled(c10::DeviceType device) {
-  return device == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+  return device == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled()
+                                        : at::autocast::is_enabled();
 }
 inline void set_autocast_enabled(c10::DeviceType device, bool enabled) {
   if (device == c10::DeviceType::CPU)

@@ -5,8 +5,10 @@
 
 #include <limits>
 
+#include "emoe/core/autocast_compat.h"
 #include "emoe/models/dropout.h"
 #include "emoe/models/matmul.h"
+#include "emoe/models/row_kernels.h"
 
 namespace emoe {
 
@@ -76,6 +78,33 @@ at::Scalar lowest_value(at::ScalarType t) {
   }
 }
 
+namespace {
+
+// softmax(scores, blocked -> lowest) in the scores' dtype through the row kernels (float32
+// arithmetic): one pass forward and one backward instead of ATen's fill, float32 softmax, cast
+// and their backward passes.
+struct BlockMask {  // (a Function's tensor arguments must be defined: this one may not be)
+  at::Tensor mask;
+};
+
+struct MaskedSoftmaxFn : public torch::autograd::Function<MaskedSoftmaxFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& scores,
+                            const BlockMask& blocked) {
+    auto y = masked_softmax_forward(scores, blocked.mask);
+    ctx->save_for_backward({y});
+    if (blocked.mask.defined()) ctx->saved_data["mask"] = blocked.mask;
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto it = ctx->saved_data.find("mask");
+    const at::Tensor mask = it == ctx->saved_data.end() ? at::Tensor() : it->second.toTensor();
+    return {masked_softmax_backward(ctx->get_saved_variables()[0], grads[0], mask), at::Tensor()};
+  }
+};
+
+}  // namespace
+
 at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& block_mask, double scale, double dropout_p,
                             bool training, at::Tensor* probs) {
@@ -92,9 +121,20 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::
   // only)
   auto scores = emoe::matmul(scale != 1.0 ? qg * scale : qg, k.transpose(-2, -1));
   if (rep > 1) scores = scores.view({b, hq, t, s});
-  if (block_mask.defined()) scores.masked_fill_(block_mask, lowest_value(scores.scalar_type()));
-  auto acc = q.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
-  auto p = torch::softmax(scores, -1, acc).to(q.scalar_type());
+  at::Tensor p;
+  // Under CPU autocast q may be float32 (RoPE in float32, as Hugging Face's) while the scores
+  // are bfloat16: the probabilities then stay bfloat16, what the next product casts them to
+  // anyway (ATen's way keeps a float32 copy; not when they are handed out).
+  const bool kernel_dtype = scores.scalar_type() == q.scalar_type() ||
+                            (probs == nullptr && scores.scalar_type() == at::kBFloat16 &&
+                             q.scalar_type() == at::kFloat && emoe::autocast_enabled(at::kCPU));
+  if (kernel_dtype && masked_softmax_applies(scores, block_mask)) {
+    p = MaskedSoftmaxFn::apply(scores, BlockMask{block_mask});
+  } else {
+    if (block_mask.defined()) scores.masked_fill_(block_mask, lowest_value(scores.scalar_type()));
+    auto acc = q.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+    p = torch::softmax(scores, -1, acc).to(q.scalar_type());
+  }
   if (probs) *probs = p;
   if (training && dropout_p > 0) p = emoe::dropout(p, dropout_p, true);
   if (rep == 1) return emoe::matmul(p, v);

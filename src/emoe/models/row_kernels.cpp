@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -82,6 +83,11 @@ inline void store_bf16(uint16_t* p, __m512 v) {
       _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
 }
+// lanes whose mask byte is nonzero take `blocked`, the others v
+inline __m512 blend_blocked(const uint8_t* m, __m512 v, __m512 blocked) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m)));
+  return _mm512_mask_blend_ps(_mm512_test_epi32_mask(b, b), v, blocked);
+}
 #define VEC __m512
 #define VW 16
 #define VSET1(f) _mm512_set1_ps(f)
@@ -148,6 +154,11 @@ inline float reduce_sum(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+inline __m256 blend_blocked(const uint8_t* m, __m256 v, __m256 blocked) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
+  return _mm256_blendv_ps(v, blocked,
+                          _mm256_castsi256_ps(_mm256_cmpgt_epi32(b, _mm256_setzero_si256())));
 }
 #define VEC __m256
 #define VW 8
@@ -389,6 +400,120 @@ at::Tensor column_sum(const at::Tensor& g) {
   else
     run(reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>()));
   return out;
+}
+
+namespace {
+
+// Byte offsets of each row's mask in a mask expanded to `sizes` (strides 0 where broadcast).
+struct MaskRows {
+  const uint8_t* base = nullptr;
+  std::vector<int64_t> sizes, strides;  // the leading dimensions (all but the last)
+  const uint8_t* row(int64_t r) const {
+    if (!base) return nullptr;
+    int64_t off = 0;
+    for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+      off += (r % sizes[d]) * strides[d];
+      r /= sizes[d];
+    }
+    return base + off;
+  }
+};
+
+MaskRows mask_rows(const at::Tensor& mask, at::IntArrayRef sizes, at::Tensor* keep) {
+  MaskRows m;
+  if (!mask.defined()) return m;
+  *keep = mask.expand(sizes);
+  m.base = reinterpret_cast<const uint8_t*>(keep->data_ptr<bool>());
+  for (int64_t d = 0; d + 1 < static_cast<int64_t>(sizes.size()); ++d) {
+    m.sizes.push_back(sizes[d]);
+    m.strides.push_back(keep->stride(d));
+  }
+  return m;
+}
+
+float lowest_of(at::ScalarType t) {
+  return t == at::kBFloat16 ? static_cast<float>(std::numeric_limits<c10::BFloat16>::lowest())
+                            : std::numeric_limits<float>::lowest();
+}
+
+}  // namespace
+
+bool masked_softmax_applies(const at::Tensor& scores, const at::Tensor& mask) {
+  if (current_isa() == Isa::kNone || !scores.defined() || !scores.device().is_cpu() ||
+      scores.dim() < 1 || scores.size(-1) == 0 || !scores.is_contiguous() ||
+      (scores.scalar_type() != at::kFloat && scores.scalar_type() != at::kBFloat16))
+    return false;
+  if (!mask.defined()) return true;
+  if (!mask.device().is_cpu() || mask.scalar_type() != at::kBool || mask.dim() != scores.dim() ||
+      mask.size(-1) != scores.size(-1) || mask.stride(-1) != 1)
+    return false;
+  for (int64_t d = 0; d < scores.dim(); ++d)
+    if (mask.size(d) != 1 && mask.size(d) != scores.size(d)) return false;
+  return true;
+}
+
+at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& mask) {
+  TORCH_CHECK(masked_softmax_applies(scores, mask), "masked_softmax: the kernels do not apply");
+  const int64_t n = scores.size(-1), rows = scores.numel() / n;
+  auto y = at::empty_like(scores);
+  at::Tensor keep;
+  const MaskRows m = mask_rows(mask, scores.sizes(), &keep);
+  const Isa isa = current_isa();
+  const float lowest = lowest_of(scores.scalar_type());
+  auto run = [&](auto* x, auto* out) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
+    at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / n),
+                     [&](int64_t r0, int64_t r1) {
+                       thread_local std::vector<float> scratch;
+                       if (scratch.size() < static_cast<size_t>(n))
+                         scratch.resize(static_cast<size_t>(n));
+                       for (int64_t r = r0; r < r1; ++r) {
+                         if (isa == Isa::kAvx512)
+                           avx512::masked_softmax_row<T>(x + r * n, m.row(r), lowest, out + r * n,
+                                                         n, scratch.data());
+                         else
+                           avx2::masked_softmax_row<T>(x + r * n, m.row(r), lowest, out + r * n, n,
+                                                       scratch.data());
+                       }
+                     });
+  };
+  if (scores.scalar_type() == at::kFloat)
+    run(scores.data_ptr<float>(), y.data_ptr<float>());
+  else
+    run(ptr<const uint16_t>(scores), ptr<uint16_t>(y));
+  return y;
+}
+
+at::Tensor masked_softmax_backward(const at::Tensor& y, const at::Tensor& grad_out,
+                                   const at::Tensor& mask) {
+  TORCH_CHECK(masked_softmax_applies(y, mask), "masked_softmax_backward: the kernels do not apply");
+  const auto dy = grad_out.to(y.scalar_type()).contiguous();
+  TORCH_CHECK(dy.sizes() == y.sizes(), "masked_softmax_backward: gradient of shape ", dy.sizes(),
+              " for probabilities of shape ", y.sizes());
+  const int64_t n = y.size(-1), rows = y.numel() / n;
+  auto dx = at::empty_like(y);
+  at::Tensor keep;
+  const MaskRows m = mask_rows(mask, y.sizes(), &keep);
+  const Isa isa = current_isa();
+  auto run = [&](auto* yp, auto* dyp, auto* dxp) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(yp)>>;
+    at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / n),
+                     [&](int64_t r0, int64_t r1) {
+                       for (int64_t r = r0; r < r1; ++r) {
+                         if (isa == Isa::kAvx512)
+                           avx512::masked_softmax_row_backward<T>(yp + r * n, dyp + r * n, m.row(r),
+                                                                  dxp + r * n, n);
+                         else
+                           avx2::masked_softmax_row_backward<T>(yp + r * n, dyp + r * n, m.row(r),
+                                                                dxp + r * n, n);
+                       }
+                     });
+  };
+  if (y.scalar_type() == at::kFloat)
+    run(y.data_ptr<float>(), dy.data_ptr<float>(), dx.data_ptr<float>());
+  else
+    run(ptr<const uint16_t>(y), ptr<const uint16_t>(dy), ptr<uint16_t>(dx));
+  return dx;
 }
 
 std::string row_kernels_isa() {

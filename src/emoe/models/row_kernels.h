@@ -59,4 +59,15 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x, const a
 bool column_sum_applies(const at::Tensor& g);
 at::Tensor column_sum(const at::Tensor& g);
 
+// Attention probabilities: softmax over the last dimension of scores (CPU, float32 or bfloat16,
+// contiguous) with the positions where `mask` (bool, broadcastable to scores, its last dimension
+// whole and contiguous; or undefined: nothing blocked) is true taken as the dtype's lowest value,
+// in float32, rounded once to the scores' dtype — what masked_fill + softmax(float32) + a cast
+// back compute in four passes and two float32 copies. The backward pass gives the scores'
+// gradient from the probabilities y and the incoming gradient (blocked positions 0).
+bool masked_softmax_applies(const at::Tensor& scores, const at::Tensor& mask);
+at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& mask);
+at::Tensor masked_softmax_backward(const at::Tensor& y, const at::Tensor& grad_out,
+                                   const at::Tensor& mask);
+
 }  // namespace emoe
