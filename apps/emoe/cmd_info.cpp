@@ -11,6 +11,7 @@
 #include "emoe/io/safetensors.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/models/matmul.h"
+#include "emoe/models/row_kernels.h"
 #include "emoe/models/small_gemm.h"
 #include "emoe/moe/convert.h"
 #include "emoe/moe/expert_ffn.h"
@@ -66,6 +67,9 @@ void run_system(const InfoArgs& a) {
                           "emoe's {} kernels, or the library where it measures faster per "
                           "shape (EMOE_SMALL_GEMM pins one)",
                           small);
+  // the training step's row-wise kernels (LM loss, SwiGLU, RMSNorm, attention's softmax, bias
+  // gradients): the best vector set the CPU has, or ATen's ops
+  const std::string rows = row_kernels_isa();
   nlohmann::json j = {{"cpu", cpu.model},
                       {"logical_cores", cpu.cores},
                       {"clock_mhz", cpu.mhz},
@@ -78,6 +82,7 @@ void run_system(const InfoArgs& a) {
                       {"dispatched_experts_float32_path", path32},
                       {"dispatched_experts_bfloat16_path", path16},
                       {"decoding_products", small.empty() ? "library" : small},
+                      {"row_kernels", rows.empty() ? "library" : rows},
                       {"theoretical_peak_gflops",
                        {{"float32", peak.fp32_gflops},
                         {"bfloat16", peak.bf16_gflops},
@@ -96,6 +101,13 @@ void run_system(const InfoArgs& a) {
             << fmt::format("products     float32: {}\n", matmul_backend_name())
             << fmt::format("decoding     products of at most {} rows: {}\n", kSmallGemmMaxRows,
                            small_text)
+            << fmt::format(
+                   "row kernels  LM loss, SwiGLU, RMSNorm, attention softmax, bias gradients: "
+                   "{}\n",
+                   rows.empty()
+                       ? "ATen's ops (EMOE_ROW_KERNELS=library, or no AVX2+FMA / "
+                         "AVX-512)"
+                       : fmt::format("emoe's {} kernels (EMOE_ROW_KERNELS pins a set)", rows))
             << fmt::format(
                    "experts      dispatched, at BERT-base's shape (chosen per shape by "
                    "measurement): float32 {}; bfloat16 {}\n",

@@ -70,3 +70,20 @@ TEST(InfoSystem, NamesTheDecodingProductsAndHonoursEmoeSmallGemm) {
   EXPECT_NE(bad.err.find("EMOE_SMALL_GEMM: expected auto, library"), std::string::npos) << bad.err;
   EXPECT_NE(bad.err.find("got 'neon'"), std::string::npos) << bad.err;
 }
+
+TEST(InfoSystem, NamesTheRowKernelsAndHonoursEmoeRowKernels) {
+  ::unsetenv("EMOE_ROW_KERNELS");
+  auto j = emoe::test::run_emoe("info --system --json");
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  const auto rows = nlohmann::json::parse(j.out)["row_kernels"].get<std::string>();
+  EXPECT_TRUE(rows == "avx512" || rows == "avx2" || rows == "library") << rows;
+  ::setenv("EMOE_ROW_KERNELS", "library", 1);
+  auto lib = emoe::test::run_emoe("info --system --json");
+  ::setenv("EMOE_ROW_KERNELS", "sve", 1);
+  auto bad = emoe::test::run_emoe("info --system");
+  ::unsetenv("EMOE_ROW_KERNELS");
+  ASSERT_EQ(lib.exit_code, 0) << lib.err;
+  EXPECT_EQ(nlohmann::json::parse(lib.out)["row_kernels"], "library");
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("EMOE_ROW_KERNELS: expected auto, library"), std::string::npos) << bad.err;
+}
