@@ -328,6 +328,51 @@ TEST(RowKernels, ScaledAttentionGivesAtensValuesAndGradients) {
   }
 }
 
+// RoPE through the kernels and through ATen's ops: x a view of heads (as split_heads gives),
+// cos/sin per batch row or shared, float32, bfloat16 and the mixed case of autocast (bfloat16 x,
+// float32 cos and sin: a float32 result): the same values and x's gradient.
+TEST(RowKernels, RopeGivesAtensValuesAndGradients) {
+  if (row_kernel_sets().empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::manual_seed(13);
+  const int64_t b = 2, h = 3, t = 7, d = 16;
+  for (const int64_t cb : {int64_t{1}, b}) {
+    for (const auto xd : {torch::kFloat, torch::kBFloat16}) {
+      for (const auto cd : {torch::kFloat, torch::kBFloat16}) {
+        auto x = torch::randn({b, t, h * d}).to(xd).requires_grad_();
+        auto heads = emoe::split_heads(x, h);  // [b, h, t, d], not contiguous
+        auto pos = torch::arange(t, torch::kLong).unsqueeze(0).expand({cb, t}).contiguous() +
+                   torch::arange(cb, torch::kLong).unsqueeze(1) * 3;
+        auto [cos, sin] = emoe::rope_cos_sin(pos, d, 10000.0, cd);
+        ASSERT_TRUE(emoe::rope_applies(heads, cos, sin));
+        auto run = [&](const std::string& isa) {
+          RowIsaScope pin(isa);
+          auto y = emoe::apply_rope(heads, cos, sin);
+          auto dy = torch::linspace(-1, 1, y.numel()).view(y.sizes()).to(y.scalar_type());
+          auto g = torch::autograd::grad({y}, {x}, {dy});
+          return std::make_pair(y, g[0]);
+        };
+        const auto [y, gx] = run("auto");
+        const auto [want_y, want_gx] = run("library");
+        SCOPED_TRACE(std::to_string(cb) + (xd == torch::kFloat ? " x float32" : " x bfloat16") +
+                     (cd == torch::kFloat ? " cos float32" : " cos bfloat16"));
+        ASSERT_EQ(y.scalar_type(), want_y.scalar_type());
+        ASSERT_EQ(gx.scalar_type(), xd);
+        const double tol = y.scalar_type() == torch::kFloat ? 1e-5 : 2e-2;
+        EXPECT_LT(emoe::test::max_abs_diff(y.to(torch::kDouble), want_y.to(torch::kDouble)), tol);
+        EXPECT_LT(emoe::test::max_abs_diff(gx.to(torch::kDouble), want_gx.to(torch::kDouble)),
+                  xd == torch::kFloat ? 1e-5 : 2e-2);
+      }
+    }
+  }
+  // what the kernels leave to ATen: an odd width, cos that wants a gradient
+  auto x = torch::randn({1, 1, 2, 5});
+  auto c = torch::randn({1, 1, 2, 5});
+  EXPECT_FALSE(emoe::rope_applies(x, c, c));
+  auto x2 = torch::randn({1, 1, 2, 4});
+  auto c2 = torch::randn({1, 1, 2, 4}, torch::requires_grad());
+  EXPECT_FALSE(emoe::rope_applies(x2, c2, c2));
+}
+
 // Under bf16 autocast a float32 weight's gradient is summed straight into float32: it equals the
 // float64 product of the bfloat16 operands to float32 rounding, where autocast's linear rounds it
 // to bfloat16 (about 2^-9 relative) before copying it back.

@@ -171,7 +171,28 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& position_ids, i
   return rope_cos_sin(position_ids, rope_inv_freq(head_dim, theta, position_ids.device()), dtype);
 }
 
+namespace {
+
+// RoPE through the row kernels: one pass forward, one back (cos and sin carry no gradient)
+struct RopeFn : public torch::autograd::Function<RopeFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->save_for_backward({cos, sin});
+    return rope_forward(x, cos, sin);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    return {rope_backward(grads[0], saved[0], saved[1], dtype), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (rope_applies(x, cos, sin)) return RopeFn::apply(x, cos, sin);
   auto half = x.size(-1) / 2;
   auto x1 = x.narrow(-1, 0, half);
   auto x2 = x.narrow(-1, half, half);

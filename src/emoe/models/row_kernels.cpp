@@ -516,6 +516,105 @@ at::Tensor masked_softmax_backward(const at::Tensor& y, const at::Tensor& grad_o
   return dx;
 }
 
+namespace {
+
+// One row of RoPE (forward, or with `back` its transpose: the gradient), in float32.
+template <class TX, class TC, class TO>
+void rope_row(const TX* x, const TC* c, const TC* s, TO* y, int64_t d, bool back) {
+  const int64_t h = d / 2;
+  for (int64_t i = 0; i < h; ++i) {
+    const float a = scalar(x[i]), b = scalar(x[i + h]);
+    if (!back) {
+      y[i] = from_float<TO>(a * scalar(c[i]) - b * scalar(s[i]));
+      y[i + h] = from_float<TO>(b * scalar(c[i + h]) + a * scalar(s[i + h]));
+    } else {
+      y[i] = from_float<TO>(a * scalar(c[i]) + b * scalar(s[i + h]));
+      y[i + h] = from_float<TO>(b * scalar(c[i + h]) - a * scalar(s[i]));
+    }
+  }
+}
+
+template <class TX, class TC, class TO>
+void rope_run(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+              const at::Tensor& y, bool back) {
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3);
+  const int64_t cb = cos.size(0) == 1 ? 0 : T * D;  // cos/sin: [1 or B, 1, T, D] contiguous
+  const auto* xp = ptr<const TX>(x);
+  const auto* cp = ptr<const TC>(cos);
+  const auto* sp = ptr<const TC>(sin);
+  auto* yp = ptr<TO>(y);
+  const int64_t sb = x.stride(0), sh = x.stride(1), st = x.stride(2);
+  at::parallel_for(0, B * H * T, std::max<int64_t>(1, (int64_t{1} << 15) / D),
+                   [&](int64_t r0, int64_t r1) {
+                     for (int64_t r = r0; r < r1; ++r) {
+                       const int64_t t = r % T, bh = r / T, hh = bh % H, b = bh / H;
+                       rope_row<TX, TC, TO>(xp + b * sb + hh * sh + t * st, cp + b * cb + t * D,
+                                            sp + b * cb + t * D, yp + r * D, D, back);
+                     }
+                   });
+}
+
+bool float_or_bf16(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
+}
+
+// TX, TC and TO from the tensors' dtypes (float or bfloat16 bits)
+template <class F>
+void rope_dispatch(at::ScalarType x, at::ScalarType c, at::ScalarType o, const F& f) {
+  auto by_o = [&](auto tx, auto tc) {
+    if (o == at::kFloat)
+      f(tx, tc, float{});
+    else
+      f(tx, tc, uint16_t{});
+  };
+  auto by_c = [&](auto tx) {
+    if (c == at::kFloat)
+      by_o(tx, float{});
+    else
+      by_o(tx, uint16_t{});
+  };
+  if (x == at::kFloat)
+    by_c(float{});
+  else
+    by_c(uint16_t{});
+}
+
+}  // namespace
+
+bool rope_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (current_isa() == Isa::kNone || !x.defined() || !cos.defined() || !sin.defined() ||
+      x.dim() != 4 || !x.device().is_cpu() || !cos.device().is_cpu() || !sin.device().is_cpu() ||
+      !float_or_bf16(x) || !float_or_bf16(cos) || cos.scalar_type() != sin.scalar_type() ||
+      x.stride(3) != 1 || x.size(3) % 2 != 0 || x.numel() == 0 || cos.requires_grad() ||
+      sin.requires_grad() || !cos.is_contiguous() || !sin.is_contiguous() ||
+      cos.sizes() != sin.sizes() || cos.dim() != 4)
+    return false;
+  return (cos.size(0) == 1 || cos.size(0) == x.size(0)) && cos.size(1) == 1 &&
+         cos.size(2) == x.size(2) && cos.size(3) == x.size(3);
+}
+
+at::Tensor rope_forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(rope_applies(x, cos, sin), "rope_forward: the kernels do not apply");
+  const auto out_dtype = at::promote_types(x.scalar_type(), cos.scalar_type());
+  auto y = at::empty(x.sizes(), x.options().dtype(out_dtype));
+  rope_dispatch(x.scalar_type(), cos.scalar_type(), out_dtype, [&](auto tx, auto tc, auto to) {
+    rope_run<decltype(tx), decltype(tc), decltype(to)>(x, cos, sin, y, false);
+  });
+  return y;
+}
+
+at::Tensor rope_backward(const at::Tensor& grad_out, const at::Tensor& cos, const at::Tensor& sin,
+                         at::ScalarType x_dtype) {
+  auto g = grad_out;
+  if (!float_or_bf16(g) || g.stride(3) != 1) g = g.to(at::kFloat).contiguous();
+  TORCH_CHECK(rope_applies(g, cos, sin), "rope_backward: the kernels do not apply");
+  auto dx = at::empty(g.sizes(), g.options().dtype(x_dtype));
+  rope_dispatch(g.scalar_type(), cos.scalar_type(), x_dtype, [&](auto tx, auto tc, auto to) {
+    rope_run<decltype(tx), decltype(tc), decltype(to)>(g, cos, sin, dx, true);
+  });
+  return dx;
+}
+
 std::string row_kernels_isa() {
   return isa_name(current_isa());
 }

@@ -70,4 +70,15 @@ at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& ma
 at::Tensor masked_softmax_backward(const at::Tensor& y, const at::Tensor& grad_out,
                                    const at::Tensor& mask);
 
+// Rotary embeddings, Hugging Face's rotate_half convention: y = x * cos + rotate_half(x) * sin
+// over the last dimension (even, D), x [B, H, T, D] (CPU, float32 or bfloat16, the last dimension
+// contiguous: a view of heads is fine), cos and sin [1 or B, 1, T, D] (contiguous, float32 or
+// bfloat16, no gradient); y [B, H, T, D] contiguous in the promoted dtype, computed in float32
+// in one pass (ATen: a concatenation, a negation, two products and a sum, and as many passes
+// back). rope_backward gives x's gradient (in x's dtype) from y's.
+bool rope_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor rope_forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor rope_backward(const at::Tensor& grad_out, const at::Tensor& cos, const at::Tensor& sin,
+                         at::ScalarType x_dtype);
+
 }  // namespace emoe
