@@ -7,7 +7,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <iostream>
+#include <memory>
 
 #include "bench_common.h"
 #include "emoe/core/cpu_info.h"
@@ -48,6 +50,25 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// One table row: `step` run with ATen's ops and with the kernels in alternated rounds, the best
+// of each kept (the machine is noisy).
+void compare_row(const std::string& precision, const std::string& kernels, double seconds,
+                 const std::function<void(const std::string&)>& step) {
+  double lib = 1e30, ker = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    lib = std::min(lib, emoe::bench::time_per_call([&] { step("library"); }, 2, seconds / 3));
+    ker = std::min(ker, emoe::bench::time_per_call([&] { step(kernels); }, 2, seconds / 3));
+  }
+  std::cout << fmt::format("| {} | {:.1f} | {:.1f} | {:.2f}x |\n", precision, lib * 1e3, ker * 1e3,
+                           ker / lib);
+}
+
+// ATen's autocast scope for bf16 rows (none for fp32)
+std::unique_ptr<emoe::PrecisionScope> precision_scope(bool bf16) {
+  if (!bf16) return nullptr;
+  return std::make_unique<emoe::PrecisionScope>(emoe::Precision::kBf16Mixed, torch::kCPU);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -71,22 +92,12 @@ int main(int argc, char** argv) {
                              8 * (t - 1), o.vocab, o.hidden);
     std::cout << "| precision | ATen's ops ms | row kernels ms | ratio |\n|---|---|---|---|\n";
     for (const bool bf16 : {false, true}) {
-      auto step = [&](const std::string& isa) {
+      compare_row(bf16 ? "bf16" : "fp32", kernels, o.seconds, [&](const std::string& isa) {
         emoe::set_row_kernels_isa(isa);
-        std::unique_ptr<emoe::PrecisionScope> scope;
-        if (bf16)
-          scope = std::make_unique<emoe::PrecisionScope>(emoe::Precision::kBf16Mixed, torch::kCPU);
+        const auto scope = precision_scope(bf16);
         auto loss = emoe::chunked_causal_lm_loss(hidden, weight, labels, o.chunk);
         auto g = torch::autograd::grad({loss}, {hidden, weight});
-      };
-      // alternated rounds, the best of each kept (the machine is noisy)
-      double lib = 1e30, ker = 1e30;
-      for (int round = 0; round < 3; ++round) {
-        lib = std::min(lib, emoe::bench::time_per_call([&] { step("library"); }, 2, o.seconds / 3));
-        ker = std::min(ker, emoe::bench::time_per_call([&] { step(kernels); }, 2, o.seconds / 3));
-      }
-      std::cout << fmt::format("| {} | {:.1f} | {:.1f} | {:.2f}x |\n", bf16 ? "bf16" : "fp32",
-                               lib * 1e3, ker * 1e3, ker / lib);
+      });
     }
     // causal attention, 8 heads of 64 over 8 sequences of t tokens: the products are ATen's
     // either way, the softmax between them the kernels' or ATen's fill + softmax + casts
@@ -101,23 +112,12 @@ int main(int argc, char** argv) {
           d);
       std::cout << "| precision | ATen's ops ms | row kernels ms | ratio |\n|---|---|---|---|\n";
       for (const bool bf16 : {false, true}) {
-        auto step = [&](const std::string& isa) {
+        compare_row(bf16 ? "bf16" : "fp32", kernels, o.seconds, [&](const std::string& isa) {
           emoe::set_row_kernels_isa(isa);
-          std::unique_ptr<emoe::PrecisionScope> scope;
-          if (bf16)
-            scope =
-                std::make_unique<emoe::PrecisionScope>(emoe::Precision::kBf16Mixed, torch::kCPU);
+          const auto scope = precision_scope(bf16);
           auto out = emoe::scaled_attention(q, k, v, mask, 0.125, 0.0, true);
           auto g = torch::autograd::grad({out.sum()}, {q, k, v});
-        };
-        double lib = 1e30, ker = 1e30;
-        for (int round = 0; round < 3; ++round) {
-          lib =
-              std::min(lib, emoe::bench::time_per_call([&] { step("library"); }, 2, o.seconds / 3));
-          ker = std::min(ker, emoe::bench::time_per_call([&] { step(kernels); }, 2, o.seconds / 3));
-        }
-        std::cout << fmt::format("| {} | {:.1f} | {:.1f} | {:.2f}x |\n", bf16 ? "bf16" : "fp32",
-                                 lib * 1e3, ker * 1e3, ker / lib);
+        });
       }
       std::cout << "\n";
     }
