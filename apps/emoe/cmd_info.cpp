@@ -102,7 +102,8 @@ void run_system(const InfoArgs& a) {
             << fmt::format("decoding     products of at most {} rows: {}\n", kSmallGemmMaxRows,
                            small_text)
             << fmt::format(
-                   "row kernels  LM loss, SwiGLU, RMSNorm, attention softmax, bias gradients: "
+                   "row kernels  LM loss, SwiGLU, GELU, RMSNorm, attention softmax, RoPE, bias "
+                   "gradients: "
                    "{}\n",
                    rows.empty()
                        ? "ATen's ops (EMOE_ROW_KERNELS=library, or no AVX2+FMA / "

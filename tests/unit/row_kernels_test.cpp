@@ -373,6 +373,47 @@ TEST(RowKernels, RopeGivesAtensValuesAndGradients) {
   EXPECT_FALSE(emoe::rope_applies(x2, c2, c2));
 }
 
+// GELU (erf form) and its gradient against float64, on every kernel set; through activate() the
+// autograd function gives ATen's gradient.
+TEST(RowKernels, GeluErfAndItsGradientMatchFloat64OnEveryKernelSet) {
+  const auto sets = row_kernel_sets();
+  if (sets.empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::manual_seed(14);
+  for (const auto& isa : sets) {
+    RowIsaScope pin(isa);
+    for (const int64_t n : {int64_t{5}, int64_t{64}, int64_t{1001}}) {
+      for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+        SCOPED_TRACE(isa + " n " + std::to_string(n) +
+                     (dtype == torch::kFloat ? " float32" : " bfloat16"));
+        auto x = (torch::randn({3, n}) * 4).to(dtype);
+        x.index_put_({0, 0}, 0.0);
+        x.index_put_({1, 0}, -12.0);  // far in the tail: Phi ~ 0
+        ASSERT_TRUE(emoe::gelu_erf_applies(x));
+        const auto x64 = x.to(torch::kDouble);
+        const auto cdf = 0.5 * (1 + torch::erf(x64 / std::sqrt(2.0)));
+        const auto pdf = torch::exp(-0.5 * x64 * x64) / std::sqrt(2 * M_PI);
+        const double tol = dtype == torch::kFloat ? 2e-6 : 1e-2;
+        const auto y = emoe::gelu_erf_forward(x);
+        ASSERT_EQ(y.scalar_type(), dtype);
+        EXPECT_LT(emoe::test::max_abs_diff(y.to(torch::kDouble), x64 * cdf),
+                  tol * (1 + (x64 * cdf).abs().max().item<double>()));
+        const auto dy = torch::randn({3, n}).to(dtype);
+        const auto dx = emoe::gelu_erf_backward(x, dy);
+        const auto want = dy.to(torch::kDouble) * (cdf + x64 * pdf);
+        EXPECT_LT(emoe::test::max_abs_diff(dx.to(torch::kDouble), want),
+                  tol * (1 + want.abs().max().item<double>()));
+      }
+    }
+  }
+  auto x = torch::randn({4, 37}, torch::requires_grad());
+  auto y = emoe::activate(x, emoe::Activation::kGeluErf);
+  auto g = torch::autograd::grad({y.sum()}, {x})[0];
+  auto x2 = x.detach().clone().requires_grad_();
+  auto g2 = torch::autograd::grad({torch::gelu(x2).sum()}, {x2})[0];
+  EXPECT_LT(emoe::test::max_abs_diff(y, torch::gelu(x2)), 1e-5);
+  EXPECT_LT(emoe::test::max_abs_diff(g, g2), 1e-5);
+}
+
 // Under bf16 autocast a float32 weight's gradient is summed straight into float32: it equals the
 // float64 product of the bfloat16 operands to float32 rounding, where autocast's linear rounds it
 // to bfloat16 (about 2^-9 relative) before copying it back.

@@ -32,9 +32,28 @@ std::string activation_name(Activation a) {
   return "?";
 }
 
+namespace {
+
+class GeluErfFn : public torch::autograd::Function<GeluErfFn> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
+    RECORD_FUNCTION("emoe::gelu", std::vector<c10::IValue>());
+    ctx->save_for_backward({x});
+    return gelu_erf_forward(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    RECORD_FUNCTION("emoe::gelu_backward", std::vector<c10::IValue>());
+    return {gelu_erf_backward(ctx->get_saved_variables()[0], grads[0])};
+  }
+};
+
+}  // namespace
+
 at::Tensor activate(const at::Tensor& x, Activation a) {
   switch (a) {
     case Activation::kGeluErf:
+      if (gelu_erf_applies(x)) return GeluErfFn::apply(x);
       return torch::gelu(x);
     case Activation::kGeluTanh:
       return torch::gelu(x, "tanh");

@@ -83,6 +83,15 @@ inline void store_bf16(uint16_t* p, __m512 v) {
       _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
 }
+// |m| with the sign of s
+inline __m512 copysign_of(__m512 m, __m512 s) {
+  const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_andnot_si512(sign, _mm512_castps_si512(m)),
+                                             _mm512_and_si512(sign, _mm512_castps_si512(s))));
+}
+inline __m512 abs_of(__m512 v) {
+  return _mm512_abs_ps(v);
+}
 // lanes whose mask byte is nonzero take `blocked`, the others v
 inline __m512 blend_blocked(const uint8_t* m, __m512 v, __m512 blocked) {
   const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m)));
@@ -154,6 +163,13 @@ inline float reduce_sum(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+inline __m256 copysign_of(__m256 m, __m256 s) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  return _mm256_or_ps(_mm256_andnot_ps(sign, m), _mm256_and_ps(sign, s));
+}
+inline __m256 abs_of(__m256 v) {
+  return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
 }
 inline __m256 blend_blocked(const uint8_t* m, __m256 v, __m256 blocked) {
   const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
@@ -286,6 +302,48 @@ void silu_mul_backward_run(Isa isa, const at::Tensor& g, const at::Tensor& u,
 }
 
 }  // namespace
+
+bool gelu_erf_applies(const at::Tensor& x) {
+  return current_isa() != Isa::kNone && x.defined() && same_plain(x, x);
+}
+
+at::Tensor gelu_erf_forward(const at::Tensor& x) {
+  TORCH_CHECK(gelu_erf_applies(x), "gelu_erf_forward: the kernels do not apply");
+  auto y = at::empty_like(x);
+  const Isa isa = current_isa();
+  auto run = [&](auto* xp, auto* yp) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(yp)>>;
+    elementwise(x.numel(), [&](int64_t b, int64_t n) {
+      (isa == Isa::kAvx512 ? avx512::gelu_erf<T> : avx2::gelu_erf<T>)(xp + b, yp + b, n);
+    });
+  };
+  if (x.scalar_type() == at::kFloat)
+    run(ptr<const float>(x), ptr<float>(y));
+  else
+    run(ptr<const uint16_t>(x), ptr<uint16_t>(y));
+  return y;
+}
+
+at::Tensor gelu_erf_backward(const at::Tensor& x, const at::Tensor& grad_out) {
+  TORCH_CHECK(gelu_erf_applies(x), "gelu_erf_backward: the kernels do not apply");
+  const auto d = grad_out.to(x.scalar_type()).contiguous();
+  TORCH_CHECK(d.sizes() == x.sizes(), "gelu_erf_backward: gradient of shape ", d.sizes(),
+              " for an input of shape ", x.sizes());
+  auto dx = at::empty_like(x);
+  const Isa isa = current_isa();
+  auto run = [&](auto* xp, auto* dp, auto* dxp) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(dxp)>>;
+    elementwise(x.numel(), [&](int64_t b, int64_t n) {
+      (isa == Isa::kAvx512 ? avx512::gelu_erf_backward<T>
+                           : avx2::gelu_erf_backward<T>)(xp + b, dp + b, dxp + b, n);
+    });
+  };
+  if (x.scalar_type() == at::kFloat)
+    run(ptr<const float>(x), ptr<const float>(d), ptr<float>(dx));
+  else
+    run(ptr<const uint16_t>(x), ptr<const uint16_t>(d), ptr<uint16_t>(dx));
+  return dx;
+}
 
 bool silu_mul_applies(const at::Tensor& gate, const at::Tensor& up) {
   return current_isa() != Isa::kNone && same_plain(gate, up);

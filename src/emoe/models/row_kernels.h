@@ -1,7 +1,8 @@
 // Row-wise kernels of a training step that ATen runs as several passes over memory: the
 // language-model loss's softmax and gradient over the vocabulary (one pass to read the row's
 // maximum, one for the exponentials and their sum, one to write the gradient, in place, in the
-// logits' own dtype), and the SwiGLU gate silu(g) * u with its backward pass in one pass each.
+// logits' own dtype), the SwiGLU gate silu(g) * u, GELU, RMSNorm, attention's masked softmax,
+// RoPE and bias gradients, each forward and backward in one pass.
 //
 // Why: under bf16 autocast the chunked LM loss ran its softmax as ATen ops on a float32 copy of
 // the bfloat16 logits (copy, gather, amax, sub, exp, sum, mul, scatter, copy back: nine passes
@@ -42,6 +43,13 @@ bool silu_mul_applies(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor silu_mul_forward(const at::Tensor& gate, const at::Tensor& up);
 std::pair<at::Tensor, at::Tensor> silu_mul_backward(const at::Tensor& gate, const at::Tensor& up,
                                                     const at::Tensor& grad_out);
+
+// GELU, erf form (BERT's "gelu"): y = x Phi(x), in float32 (erf to 1.5e-7), rounded once to the
+// input's dtype, for contiguous float32 or bfloat16 CPU tensors while kernels are in use; the
+// backward pass gives x's gradient from y's.
+bool gelu_erf_applies(const at::Tensor& x);
+at::Tensor gelu_erf_forward(const at::Tensor& x);
+at::Tensor gelu_erf_backward(const at::Tensor& x, const at::Tensor& grad_out);
 
 // RMSNorm y = weight * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps) over the last dimension, for
 // float32 x and weight on the CPU (x contiguous) while kernels are in use (rms_norm_applies):
