@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "emoe/core/error.h"
+#include "emoe/models/attention.h"
 
 namespace emoe {
 namespace {
@@ -489,11 +490,6 @@ MaskRows mask_rows(const at::Tensor& mask, at::IntArrayRef sizes, at::Tensor* ke
   return m;
 }
 
-float lowest_of(at::ScalarType t) {
-  return t == at::kBFloat16 ? static_cast<float>(std::numeric_limits<c10::BFloat16>::lowest())
-                            : std::numeric_limits<float>::lowest();
-}
-
 }  // namespace
 
 bool masked_softmax_applies(const at::Tensor& scores, const at::Tensor& mask) {
@@ -517,7 +513,7 @@ at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& ma
   at::Tensor keep;
   const MaskRows m = mask_rows(mask, scores.sizes(), &keep);
   const Isa isa = current_isa();
-  const float lowest = lowest_of(scores.scalar_type());
+  const float lowest = lowest_value(scores.scalar_type()).toFloat();  // what the fill would write
   auto run = [&](auto* x, auto* out) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
     at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / n),
