@@ -19,19 +19,22 @@
 namespace emoe {
 
 constexpr int64_t kSmallGemmMaxRows = 8;
+// Calls of one shape that auto alternates between the kernels and the library before it keeps one.
+constexpr int64_t kSmallGemmTrialCalls = 12;
 
 // The kernels this process uses: "avx512-bf16" (AVX-512F, and vdpbf16ps for bfloat16 weights
 // stored [N, K]), "avx512", "avx2" or "" (none: the library's products).
 std::string small_gemm_isa();
 // "auto" (the default): the best kernels this CPU has, and for each product shape (dtype, rows,
-// K, N, layout, bias) the kernels and the library timed once on first sight, the faster kept
-// (the library must win by 5 %); e.g. eight rows against a bfloat16 weight may run faster on
-// oneDNN's AMX kernels. An instruction set this CPU has pins the kernels for every shape; ""
-// or "library" uses none. EMOE_SMALL_GEMM sets it at start-up; this function sets it for the
-// process (tests; benchmarks compare with the library in one process) and returns the previous
+// K, N, layout, bias) the kernels and the library's product alternated over the shape's first
+// kSmallGemmTrialCalls calls in the model, timed there, the faster kept (the library must win by
+// 5 %; the trial's calls all return the kernels' result); e.g. eight rows against a bfloat16 weight
+// may run faster on oneDNN's kernels. An instruction set this CPU has pins the kernels for every
+// shape; "" or "library" uses none. EMOE_SMALL_GEMM sets it at start-up; this function sets it for
+// the process (tests; benchmarks compare with the library in one process) and returns the previous
 // setting. Throws UsageError for a set this CPU lacks or an unknown name.
 std::string set_small_gemm_isa(const std::string& isa);
-// Shapes measured so far under auto, and how many of them chose the library.
+// Shapes decided so far under auto, and how many of them chose the library.
 std::pair<int64_t, int64_t> small_gemm_measurements();
 
 // x [..., K] times a weight stored [N, K] (weight_kn false: a Linear's [out, in]) or [K, N]
