@@ -972,3 +972,41 @@ TEST(BlockMask, NoPaddingBlocksNothingAndPaddingBlocksItsKeys) {
   EXPECT_ANY_THROW(
       emoe::build_block_mask(torch::ones({2, 4}, torch::kLong), 5, 5, false, torch::kCPU));
 }
+
+// The KV cache appends each step's keys and values into buffers with room to spare: the same
+// keys and values as concatenation, a step copying its own positions only (the buffer is kept
+// until it is full, then doubled), and beam search's row selection keeping both.
+TEST(KvCache, AppendsInPlaceIntoRoomThatDoublesAndMatchesConcatenation) {
+  emoe::LayerKv kv;
+  auto k_all = torch::randn({3, 2, 0, 4}), v_all = torch::randn({3, 2, 0, 4});
+  std::vector<const void*> buffers;
+  for (int64_t t : {5, 1, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 20}) {
+    // split_heads gives a transposed view: appended from any layout
+    auto k = torch::randn({3, t, 2, 4}).transpose(1, 2), v = torch::randn({3, 2, t, 4});
+    k_all = torch::cat({k_all, k}, 2);
+    v_all = torch::cat({v_all, v}, 2);
+    const auto [kk, vv] = emoe::append_kv(&kv, k, v);
+    EXPECT_TRUE(torch::equal(kk, k_all));
+    EXPECT_TRUE(torch::equal(vv, v_all));
+    EXPECT_TRUE(torch::equal(kv.k, k_all));
+    if (kv.k_room.defined()) {
+      EXPECT_EQ(kv.k.data_ptr(), kv.k_room.data_ptr());  // a view of the room
+      EXPECT_GE(kv.k_room.size(2), kv.k.size(2));
+      if (buffers.empty() || buffers.back() != kv.k_room.data_ptr())
+        buffers.push_back(kv.k_room.data_ptr());
+    }
+  }
+  // 5 positions stored as given, then room for 16, 34, 92: three buffers over 46 positions
+  EXPECT_EQ(k_all.size(2), 46);
+  EXPECT_EQ(buffers.size(), 3u);
+  auto rows = torch::tensor({2, 0, 0}, torch::kLong);
+  kv.select_rows(rows);
+  EXPECT_TRUE(torch::equal(kv.k, k_all.index_select(0, rows)));
+  EXPECT_TRUE(torch::equal(kv.v, v_all.index_select(0, rows)));
+  auto k = torch::randn({3, 2, 1, 4}), v = torch::randn({3, 2, 1, 4});
+  emoe::append_kv(&kv, k, v);
+  EXPECT_TRUE(torch::equal(kv.k, torch::cat({k_all.index_select(0, rows), k}, 2)));
+  EXPECT_TRUE(torch::equal(kv.v, torch::cat({v_all.index_select(0, rows), v}, 2)));
+  EXPECT_THROW(emoe::append_kv(&kv, torch::randn({2, 2, 1, 4}), torch::randn({2, 2, 1, 4})),
+               c10::Error);  // another batch size
+}

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "emoe/core/autocast_compat.h"
@@ -17,16 +18,50 @@ int64_t KvCache::length() const {
   return layers[0].k.size(2);
 }
 
+void LayerKv::select_rows(const at::Tensor& rows) {
+  if (!k.defined()) return;
+  const int64_t s = k.size(2);
+  if (k_room.defined()) {
+    k_room = k_room.index_select(0, rows);
+    v_room = v_room.index_select(0, rows);
+    k = k_room.narrow(2, 0, s);
+    v = v_room.narrow(2, 0, s);
+  } else {
+    k = k.index_select(0, rows);
+    v = v.index_select(0, rows);
+  }
+}
+
 std::pair<at::Tensor, at::Tensor> append_kv(LayerKv* cache, const at::Tensor& k,
                                             const at::Tensor& v) {
   if (!cache) return {k, v};
-  if (cache->k.defined()) {
-    cache->k = torch::cat({cache->k, k}, 2);
-    cache->v = torch::cat({cache->v, v}, 2);
-  } else {
+  if (!cache->k.defined()) {  // the first step (a prompt, or cross-attention's keys) as it is
     cache->k = k;
     cache->v = v;
+    return {k, v};
   }
+  const int64_t past = cache->k.size(2), t = k.size(2), s = past + t;
+  TORCH_CHECK(
+      k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() && cache->k.size(0) == k.size(0) &&
+          cache->k.size(1) == k.size(1) && cache->k.size(3) == k.size(3),
+      "append_kv: keys/values ", k.sizes(), " do not continue the cache ", cache->k.sizes());
+  if (!cache->k_room.defined() || cache->k_room.size(2) < s ||
+      cache->k_room.scalar_type() != k.scalar_type()) {
+    const int64_t room = std::max<int64_t>(2 * s, 16);
+    auto grow = [&](const at::Tensor& old) {
+      auto sizes = old.sizes().vec();
+      sizes[2] = room;
+      auto buf = at::empty(sizes, k.options());
+      buf.narrow(2, 0, past).copy_(old);
+      return buf;
+    };
+    cache->k_room = grow(cache->k);
+    cache->v_room = grow(cache->v);
+  }
+  cache->k_room.narrow(2, past, t).copy_(k);
+  cache->v_room.narrow(2, past, t).copy_(v);
+  cache->k = cache->k_room.narrow(2, 0, s);
+  cache->v = cache->v_room.narrow(2, 0, s);
   return {cache->k, cache->v};
 }
 

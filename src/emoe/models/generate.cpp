@@ -163,11 +163,7 @@ at::Tensor beam_search_seq2seq(PretrainedModelImpl& model, const at::Tensor& ids
     beam_scores = next_scores.view({-1}).to(dev);
     seqs = torch::cat({seqs.index_select(0, rows), next_tokens.view({-1, 1}).to(dev)}, 1);
     for (auto* layers : {&cache.layers, &cache.cross})
-      for (auto& kv : *layers)
-        if (kv.k.defined()) {
-          kv.k = kv.k.index_select(0, rows);
-          kv.v = kv.v.index_select(0, rows);
-        }
+      for (auto& kv : *layers) kv.select_rows(rows);
     if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
   }
 
