@@ -327,6 +327,68 @@ TEST(RowKernels, ScaledAttentionGivesAtensValuesAndGradients) {
   }
 }
 
+// Decoding's attention (a few queries against a cache): against float64 on every kernel set,
+// with grouped-query heads, keys and values viewed from a cache with room (strided), causal +
+// padding masks with a query blocked everywhere, S across the vector width; and scaled_attention
+// takes it in inference only (not with a gradient wanted, nor for more than 8 queries).
+TEST(RowKernels, DecodeAttentionMatchesFloat64OnEveryKernelSet) {
+  const auto sets = row_kernel_sets();
+  if (sets.empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::manual_seed(13);
+  const int64_t b = 2, hq = 6, hkv = 2, d = 20;  // d: a vector tail on both sets
+  for (const auto& isa : sets) {
+    RowIsaScope pin(isa);
+    for (const int64_t t : {int64_t{1}, int64_t{3}}) {
+      for (const int64_t s : {int64_t{3}, int64_t{17}, int64_t{70}}) {
+        auto pad = torch::ones({b, s}, torch::kLong);
+        pad.index_put_({1, torch::indexing::Slice(0, s - t + 1)}, 0);  // row 1, query 0: none open
+        const auto causal = emoe::build_block_mask(at::Tensor(), t, s, true, torch::kCPU);
+        const auto both = emoe::build_block_mask(pad, t, s, true, torch::kCPU);
+        for (const auto& mask : {at::Tensor(), causal, both}) {
+          for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+            SCOPED_TRACE(isa + " T " + std::to_string(t) + " S " + std::to_string(s) +
+                         (mask.defined() ? " masked " : " open ") +
+                         (dtype == torch::kFloat ? "float32" : "bfloat16"));
+            auto q = torch::randn({b, hq, t, d}).to(dtype);
+            auto room_k = torch::randn({b, hkv, s + 5, d}).to(dtype);
+            auto room_v = torch::randn({b, hkv, s + 5, d}).to(dtype);
+            auto k = room_k.narrow(2, 0, s), v = room_v.narrow(2, 0, s);
+            torch::NoGradGuard no_grad;
+            ASSERT_TRUE(emoe::decode_attention_applies(q, k, v, mask));
+            auto got = emoe::decode_attention(q, k, v, mask, 0.3);
+            ASSERT_EQ(got.scalar_type(), dtype);
+            ASSERT_EQ(got.sizes(), q.sizes());
+            const auto k64 = k.to(torch::kDouble).repeat_interleave(hq / hkv, 1);
+            const auto v64 = v.to(torch::kDouble).repeat_interleave(hq / hkv, 1);
+            auto scores = torch::matmul(q.to(torch::kDouble), k64.transpose(-2, -1)) * 0.3;
+            if (mask.defined())
+              scores = scores.masked_fill(mask, emoe::lowest_value(dtype).toDouble());
+            const auto want = torch::matmul(scores.softmax(-1), v64);
+            const double tol = dtype == torch::kFloat ? 1e-5 : 2e-2;
+            EXPECT_LT(emoe::test::max_abs_diff(got.to(torch::kDouble), want),
+                      tol * (1 + want.abs().max().item<double>()));
+            // through scaled_attention, as the models call it
+            auto via = emoe::scaled_attention(q, k, v, mask, 0.3, 0.1, false);
+            EXPECT_TRUE(torch::equal(via, got));
+          }
+        }
+      }
+    }
+  }
+  auto q = torch::randn({1, 2, 1, 8}), k = torch::randn({1, 2, 5, 8}),
+       v = torch::randn({1, 2, 5, 8});
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_FALSE(emoe::decode_attention_applies(torch::randn({1, 2, 9, 8}), k, v, at::Tensor()));
+    EXPECT_FALSE(emoe::decode_attention_applies(q.to(torch::kDouble), k, v, at::Tensor()));
+    EXPECT_FALSE(emoe::decode_attention_applies(q, k.transpose(2, 3), v, at::Tensor()));
+  }
+  EXPECT_FALSE(emoe::decode_attention_applies(q.requires_grad_(), k, v, at::Tensor()));
+  RowIsaScope library("library");
+  torch::NoGradGuard no_grad;
+  EXPECT_FALSE(emoe::decode_attention_applies(q, k, v, at::Tensor()));
+}
+
 // RoPE through the kernels and through ATen's ops: x a view of heads (as split_heads gives),
 // cos/sin per batch row or shared, float32, bfloat16 and the mixed case of autocast (bfloat16 x,
 // float32 cos and sin: a float32 result): the same values and x's gradient.

@@ -150,6 +150,9 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t hkv = k.size(1), s = k.size(2), rep = hq / hkv;
   TORCH_CHECK(hkv > 0 && hq == rep * hkv, "attention: ", hq, " query heads for ", hkv,
               " key/value heads");
+  if (probs == nullptr && (dropout_p == 0.0 || !training) &&
+      decode_attention_applies(q, k, v, block_mask))
+    return decode_attention(q, k, v, block_mask, scale);
   const auto qg = rep == 1 ? q : q.reshape({b, hkv, rep * t, d});
   // the scale goes on q ([T, d], smaller than the [T, S] scores), and the mask is filled in place:
   // two passes over the scores and their temporaries fewer (matmul's backward needs its inputs

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "emoe/core/autocast_compat.h"
 #include "emoe/core/error.h"
 #include "emoe/models/attention.h"
 
@@ -704,6 +705,75 @@ bool softmax_xent_rows(const at::Tensor& logits, const at::Tensor& target, const
     xent_rows(isa, reinterpret_cast<uint16_t*>(logits.data_ptr<at::BFloat16>()), rows, V,
               logits.stride(0), t, s, l);
   return true;
+}
+
+bool decode_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& mask) {
+  if (current_isa() == Isa::kNone || !q.defined() || !k.defined() || !v.defined() || q.dim() != 4 ||
+      k.dim() != 4 || k.sizes() != v.sizes() || !q.device().is_cpu() || !k.device().is_cpu() ||
+      !v.device().is_cpu() || emoe::autocast_enabled(at::kCPU))
+    return false;
+  const auto dtype = q.scalar_type();
+  if ((dtype != at::kFloat && dtype != at::kBFloat16) || k.scalar_type() != dtype ||
+      v.scalar_type() != dtype)
+    return false;
+  const int64_t b = q.size(0), hq = q.size(1), t = q.size(2), d = q.size(3);
+  const int64_t hkv = k.size(1), s = k.size(2);
+  if (t == 0 || t > kDecodeAttentionRows || d == 0 || s == 0 || k.size(0) != b || k.size(3) != d ||
+      hkv == 0 || hq % hkv != 0 || q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1)
+    return false;
+  if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+    return false;
+  if (!mask.defined()) return true;
+  if (!mask.device().is_cpu() || mask.scalar_type() != at::kBool || mask.dim() != 4 ||
+      mask.stride(3) != 1)
+    return false;
+  const int64_t want[4] = {b, hq, t, s};
+  for (int64_t i = 0; i < 4; ++i)
+    if (mask.size(i) != want[i] && !(i < 3 && mask.size(i) == 1)) return false;
+  return true;
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& mask, double scale) {
+  TORCH_CHECK(decode_attention_applies(q, k, v, mask),
+              "decode_attention: the kernels do not apply");
+  const int64_t b = q.size(0), hq = q.size(1), t = q.size(2), d = q.size(3);
+  const int64_t s = k.size(2), rep = hq / k.size(1);
+  auto out = at::empty({b, hq, t, d}, q.options());
+  at::Tensor keep;
+  const MaskRows m = mask_rows(mask, {b, hq, t, s}, &keep);
+  const Isa isa = current_isa();
+  const float lowest = lowest_value(q.scalar_type()).toFloat();  // what the fill would write
+  const int64_t rows = b * hq * t;
+  // a task reads at least ~64 K keys' and values' elements: waking the other threads costs more
+  // than a decoding step's few rows over a short cache
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, s * d));
+  auto run = [&](auto* qp, auto* kp, auto* vp, auto* op) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(qp)>>;
+    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+      thread_local std::vector<float> scratch;
+      if (scratch.size() < static_cast<size_t>(s + d)) scratch.resize(static_cast<size_t>(s + d));
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t bi = r / (hq * t), h = (r / t) % hq, ti = r % t, hk = h / rep;
+        const T* qr = qp + bi * q.stride(0) + h * q.stride(1) + ti * q.stride(2);
+        const T* kr = kp + bi * k.stride(0) + hk * k.stride(1);
+        const T* vr = vp + bi * v.stride(0) + hk * v.stride(1);
+        if (isa == Isa::kAvx512)
+          avx512::attend_row<T>(qr, kr, k.stride(2), vr, v.stride(2), m.row(r),
+                                static_cast<float>(scale), lowest, op + r * d, s, d,
+                                scratch.data());
+        else
+          avx2::attend_row<T>(qr, kr, k.stride(2), vr, v.stride(2), m.row(r),
+                              static_cast<float>(scale), lowest, op + r * d, s, d, scratch.data());
+      }
+    });
+  };
+  if (q.scalar_type() == at::kFloat)
+    run(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), out.data_ptr<float>());
+  else
+    run(ptr<const uint16_t>(q), ptr<const uint16_t>(k), ptr<const uint16_t>(v), ptr<uint16_t>(out));
+  return out;
 }
 
 }  // namespace emoe

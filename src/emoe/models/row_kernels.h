@@ -13,6 +13,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -89,4 +90,16 @@ at::Tensor rope_forward(const at::Tensor& x, const at::Tensor& cos, const at::Te
 at::Tensor rope_backward(const at::Tensor& grad_out, const at::Tensor& cos, const at::Tensor& sin,
                          at::ScalarType x_dtype);
 
+// Attention for decoding: softmax(scale q k^T, blocked -> lowest) v with q [B, Hq, T, D], k and v
+// [B, Hkv, S, D] (Hq a multiple of Hkv: grouped-query attention), each row of q against its head's
+// keys and values in one pass (dot products, softmax and the weighted sum in float32, rounded once
+// to the dtype), where the library makes two small products and a softmax of a shape new at every
+// step (S grows). Applies to CPU tensors of one dtype (float32 or bfloat16) with the last dimension
+// contiguous (k and v may be views of a cache with room), T <= kDecodeAttentionRows, no gradient
+// wanted, no autocast, kernels in use, and a bool mask as masked_softmax takes (or undefined).
+constexpr int64_t kDecodeAttentionRows = 8;
+bool decode_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& mask);
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& mask, double scale);
 }  // namespace emoe
