@@ -213,3 +213,42 @@ TEST(SmallGemm, DecodingWithTheKernelsGivesTheLibrarysTokens) {
 }
 
 }  // namespace
+
+// A fused layer's weights (q, k and v) against one x: each output the layer's own product, under
+// pinned kernels, the library and auto (whose trial times the group as one shape, and decides
+// once), with and without biases.
+TEST(SmallGemm, GroupGivesEachWeightsProductAndAutoDecidesTheGroupOnce) {
+  if (kernel_sets().empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::NoGradGuard no_grad;
+  const std::vector<at::Tensor> weights = {torch::randn({13, 29}), torch::randn({7, 29}),
+                                           torch::randn({7, 29})};
+  const std::vector<at::Tensor> biases = {torch::randn({13}), torch::randn({7}), torch::randn({7})};
+  const std::vector<at::Tensor> none(3);
+  auto x = torch::randn({2, 1, 29});
+  for (const auto& isa : {kernel_sets().front(), std::string("auto")}) {
+    IsaScope pin(isa);
+    for (const auto* b : {&biases, &none}) {
+      SCOPED_TRACE(isa + (b == &biases ? " biases" : " no biases"));
+      const auto before = emoe::small_gemm_measurements();
+      std::vector<at::Tensor> first;
+      for (int64_t call = 0; call < emoe::kSmallGemmTrialCalls + 2; ++call) {
+        auto out = emoe::small_gemm_group(x, weights, *b, false);
+        ASSERT_EQ(out.size(), 3u);
+        for (size_t i = 0; i < 3; ++i) {
+          EXPECT_EQ(out[i].sizes(), (std::vector<int64_t>{2, 1, weights[i].size(0)}));
+          EXPECT_TRUE(torch::allclose(out[i], torch::linear(x, weights[i], (*b)[i]), 1e-5, 1e-5));
+        }
+        if (call == 0) first = out;
+        if (call < emoe::kSmallGemmTrialCalls)
+          for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(out[i], first[i]));  // kernels'
+      }
+      EXPECT_EQ(emoe::small_gemm_measurements().first - before.first, isa == "auto" ? 1 : 0);
+    }
+  }
+  // mixed biases or another K: rejected
+  EXPECT_THROW(emoe::small_gemm_group(x, weights, {biases[0], at::Tensor(), biases[2]}, false),
+               c10::Error);
+  EXPECT_THROW(emoe::small_gemm_group(x, {weights[0], torch::randn({7, 28})},
+                                      std::vector<at::Tensor>(2), false),
+               c10::Error);
+}

@@ -111,6 +111,18 @@ std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers,
   // where the fused product would first copy every weight into one
   if (!layers.empty() && !layers[0]->adapter() &&
       small_gemm_applies(x, layers[0]->weight, layers[0]->bias, layers[0]->options().transposed)) {
+    std::vector<torch::Tensor> weights, biases;
+    bool group = true;
+    for (auto* l : layers) {
+      group = group && !l->adapter() &&
+              l->options().transposed == layers[0]->options().transposed &&
+              l->bias.defined() == layers[0]->bias.defined() &&
+              l->options().in == layers[0]->options().in &&
+              small_gemm_applies(x, l->weight, l->bias, l->options().transposed);
+      weights.push_back(l->weight);
+      biases.push_back(l->bias);
+    }
+    if (group) return small_gemm_group(x, weights, biases, layers[0]->options().transposed);
     std::vector<torch::Tensor> out;
     for (auto* l : layers) out.push_back(l->forward(x));
     return out;

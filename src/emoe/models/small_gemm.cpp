@@ -375,42 +375,37 @@ at::Tensor kernel_linear(const at::Tensor& x, const at::Tensor& weight, const at
 
 }  // namespace
 
-at::Tensor small_gemm_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                             bool weight_kn) {
-  TORCH_CHECK(small_gemm_applies(x, weight, bias, weight_kn),
-              "small_gemm_linear: unsupported inputs");
-  at::NoGradGuard no_grad;
-  if (current_setting() < kMeasuredFlag) return kernel_linear(x, weight, bias, weight_kn);
-  const std::array<int64_t, 6> key = {static_cast<int64_t>(weight.scalar_type()),
-                                      x.numel() / x.size(-1),
-                                      weight.size(0),
-                                      weight.size(1),
-                                      weight_kn,
-                                      bias.defined()};
+namespace {
+
+// auto's choice for one key (see ShapeChoices): the kept path once decided, else the trial's next
+// call. kernels() and library() compute the same product(s) (a tensor, or a group's tensors).
+template <class Kernels, class Library>
+auto choose(const std::array<int64_t, 6>& key, const at::Tensor& weight, Kernels&& kernels,
+            Library&& library) -> decltype(kernels()) {
   auto& c = shape_choices();
   int64_t call = 0;
   {
     std::lock_guard<std::mutex> lock(c.mutex);
     auto it = c.use_kernels.find(key);
-    if (it != c.use_kernels.end())
-      return it->second ? kernel_linear(x, weight, bias, weight_kn)
-                        : library_linear(x, weight, bias, weight_kn);
+    if (it != c.use_kernels.end()) return it->second ? kernels() : library();
     call = c.trials[key].calls++;
   }
+  // which path this call times: by the parity of the call's bit count (Thue-Morse), so that a
+  // shape called at several places of a layer (q, k, v and o: four times) has each path timed
+  // at each place, not one path always after the attention and the other always before it
+  const bool time_kernels = __builtin_popcountll(static_cast<unsigned long long>(call)) % 2 == 0;
   using clock = std::chrono::steady_clock;
-  const bool kernels = call % 2 == 0;
   const auto t0 = clock::now();
-  auto y = kernels ? kernel_linear(x, weight, bias, weight_kn)
-                   : library_linear(x, weight, bias, weight_kn);
+  auto y = time_kernels ? kernels() : library();
   const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
   // every result of the trial is the kernels' (the same input gives the same output throughout;
   // the library's product, timed first, reads the weights as the model leaves them)
-  if (!kernels) y = kernel_linear(x, weight, bias, weight_kn);
-  if (call < 2) return y;  // untimed
+  if (!time_kernels) y = kernels();
+  if (call < 2) return y;  // untimed: one call of each (oneDNN makes its primitive)
   std::lock_guard<std::mutex> lock(c.mutex);
   auto it = c.trials.find(key);
   if (it == c.trials.end()) return y;  // decided meanwhile by another thread
-  auto& times = kernels ? it->second.kernels : it->second.library;
+  auto& times = time_kernels ? it->second.kernels : it->second.library;
   times.push_back(seconds);
   constexpr size_t kTimed = (kSmallGemmTrialCalls - 2) / 2;
   if (it->second.kernels.size() < kTimed || it->second.library.size() < kTimed) return y;
@@ -420,14 +415,79 @@ at::Tensor small_gemm_linear(const at::Tensor& x, const at::Tensor& weight, cons
   };
   const bool keep_kernels = !(median(it->second.library) * 1.05 < median(it->second.kernels));
   spdlog::debug(
-      "small products: {} rows x {} times [{}, {}] {}: emoe kernels {:.1f} us, library "
+      "small products: {} rows x {} times {} {} [{}, {}] {}: emoe kernels {:.1f} us, library "
       "{:.1f} us (medians in place): {}",
-      key[1], key[3 - key[4]], key[2], key[3], c10::toString(weight.scalar_type()),
-      median(it->second.kernels) * 1e6, median(it->second.library) * 1e6,
-      keep_kernels ? "kernels" : "library");
+      key[1], key[3 - key[4] % 2], key[4] >= 2 ? key[4] / 2 : 1, key[4] >= 2 ? "weights" : "weight",
+      key[2], key[3], c10::toString(weight.scalar_type()), median(it->second.kernels) * 1e6,
+      median(it->second.library) * 1e6, keep_kernels ? "kernels" : "library");
   c.trials.erase(it);
   if (c.use_kernels.emplace(key, keep_kernels).second && !keep_kernels) ++c.chose_library;
   return y;
+}
+
+}  // namespace
+
+at::Tensor small_gemm_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                             bool weight_kn) {
+  TORCH_CHECK(small_gemm_applies(x, weight, bias, weight_kn),
+              "small_gemm_linear: unsupported inputs");
+  at::NoGradGuard no_grad;
+  auto kernels = [&] { return kernel_linear(x, weight, bias, weight_kn); };
+  if (current_setting() < kMeasuredFlag) return kernels();
+  const std::array<int64_t, 6> key = {static_cast<int64_t>(weight.scalar_type()),
+                                      x.numel() / x.size(-1),
+                                      weight.size(0),
+                                      weight.size(1),
+                                      weight_kn,
+                                      bias.defined()};
+  return choose(key, weight, kernels, [&] { return library_linear(x, weight, bias, weight_kn); });
+}
+
+std::vector<at::Tensor> small_gemm_group(const at::Tensor& x,
+                                         const std::vector<at::Tensor>& weights,
+                                         const std::vector<at::Tensor>& biases, bool weight_kn) {
+  TORCH_CHECK(!weights.empty() && biases.size() == weights.size(),
+              "small_gemm_group: one bias (or an undefined tensor) per weight");
+  for (size_t i = 0; i < weights.size(); ++i)
+    TORCH_CHECK(small_gemm_applies(x, weights[i], biases[i], weight_kn) &&
+                    biases[i].defined() == biases[0].defined() &&
+                    weights[i].size(weight_kn ? 0 : 1) == weights[0].size(weight_kn ? 0 : 1),
+                "small_gemm_group: unsupported inputs");
+  at::NoGradGuard no_grad;
+  auto kernels = [&] {
+    std::vector<at::Tensor> out;
+    for (size_t i = 0; i < weights.size(); ++i)
+      out.push_back(kernel_linear(x, weights[i], biases[i], weight_kn));
+    return out;
+  };
+  if (current_setting() < kMeasuredFlag) return kernels();
+  // the library's way: one product over the weights concatenated (what a fused layer computes
+  // without the kernels), or one product per weight for weights stored [K, N]
+  auto library = [&] {
+    std::vector<at::Tensor> out;
+    if (weight_kn || weights.size() == 1) {
+      for (size_t i = 0; i < weights.size(); ++i)
+        out.push_back(library_linear(x, weights[i], biases[i], weight_kn));
+      return out;
+    }
+    std::vector<int64_t> sizes;
+    for (const auto& w : weights) sizes.push_back(w.size(0));
+    auto y =
+        at::linear(x, at::cat(weights, 0), biases[0].defined() ? at::cat(biases, 0) : at::Tensor());
+    for (auto& part : y.split_with_sizes(sizes, -1)) out.push_back(part);
+    return out;
+  };
+  int64_t n = 0;
+  for (const auto& w : weights) n += w.size(weight_kn ? 1 : 0);
+  const int64_t k = weights[0].size(weight_kn ? 0 : 1);
+  // key[4]: 2 x the number of weights + the layout (a single weight's key has 0 or 1 there)
+  const std::array<int64_t, 6> key = {static_cast<int64_t>(weights[0].scalar_type()),
+                                      x.numel() / x.size(-1),
+                                      weight_kn ? k : n,
+                                      weight_kn ? n : k,
+                                      2 * static_cast<int64_t>(weights.size()) + weight_kn,
+                                      biases[0].defined()};
+  return choose(key, weights[0], kernels, library);
 }
 
 }  // namespace emoe

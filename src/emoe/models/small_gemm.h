@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace emoe {
 
@@ -48,6 +49,15 @@ bool small_gemm_applies(const at::Tensor& x, const at::Tensor& weight, const at:
                         bool weight_kn);
 at::Tensor small_gemm_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                              bool weight_kn);
+
+// Several weights against the same x (a fused layer's q, k and v, or gate and up), each as
+// small_gemm_linear computes it: one output per weight. auto times the kernels (one product per
+// weight) against the library's one product over the weights concatenated (weights stored
+// [K, N]: one library product per weight), as one shape. biases: one per weight, all defined or
+// all undefined; every weight of one K and layout.
+std::vector<at::Tensor> small_gemm_group(const at::Tensor& x,
+                                         const std::vector<at::Tensor>& weights,
+                                         const std::vector<at::Tensor>& biases, bool weight_kn);
 
 // How many products the kernels have computed in this process (tests check the path was taken).
 int64_t small_gemm_count();
