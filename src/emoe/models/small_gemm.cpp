@@ -20,6 +20,7 @@
 
 #include "emoe/core/autocast_compat.h"
 #include "emoe/core/error.h"
+#include "emoe/models/matmul.h"
 
 namespace emoe {
 namespace {
@@ -336,13 +337,11 @@ bool small_gemm_applies(const at::Tensor& x, const at::Tensor& weight, const at:
 
 namespace {
 
+// The product as the layer computes it without the kernels (LinearImpl::base_forward): emoe::linear
+// (oneDNN for float32 on AVX-512, ATen's otherwise) on the weight as [out, in].
 at::Tensor library_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                           bool weight_kn) {
-  if (!weight_kn) return at::linear(x, weight, bias);
-  auto sizes = x.sizes().vec();
-  sizes.back() = weight.size(1);
-  const auto x2 = x.reshape({-1, weight.size(0)});
-  return (bias.defined() ? at::addmm(bias, x2, weight) : at::mm(x2, weight)).view(sizes);
+  return emoe::linear(x, weight_kn ? weight.t() : weight, bias);
 }
 
 at::Tensor kernel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -472,8 +471,8 @@ std::vector<at::Tensor> small_gemm_group(const at::Tensor& x,
     }
     std::vector<int64_t> sizes;
     for (const auto& w : weights) sizes.push_back(w.size(0));
-    auto y =
-        at::linear(x, at::cat(weights, 0), biases[0].defined() ? at::cat(biases, 0) : at::Tensor());
+    auto y = emoe::linear(x, at::cat(weights, 0),
+                          biases[0].defined() ? at::cat(biases, 0) : at::Tensor());
     for (auto& part : y.split_with_sizes(sizes, -1)) out.push_back(part);
     return out;
   };
