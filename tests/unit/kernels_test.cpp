@@ -1009,4 +1009,14 @@ TEST(KvCache, AppendsInPlaceIntoRoomThatDoublesAndMatchesConcatenation) {
   EXPECT_TRUE(torch::equal(kv.v, torch::cat({v_all.index_select(0, rows), v}, 2)));
   EXPECT_THROW(emoe::append_kv(&kv, torch::randn({2, 2, 1, 4}), torch::randn({2, 2, 1, 4})),
                c10::Error);  // another batch size
+  // a reserve (generate sets prompt + new tokens) makes the room once, at that size
+  emoe::LayerKv reserved;
+  reserved.reserve = 40;
+  emoe::append_kv(&reserved, torch::randn({1, 2, 30, 4}), torch::randn({1, 2, 30, 4}));
+  for (int i = 0; i < 10; ++i)
+    emoe::append_kv(&reserved, torch::randn({1, 2, 1, 4}), torch::randn({1, 2, 1, 4}));
+  EXPECT_EQ(reserved.k_room.size(2), 40);
+  EXPECT_EQ(reserved.k.size(2), 40);
+  emoe::append_kv(&reserved, torch::randn({1, 2, 1, 4}), torch::randn({1, 2, 1, 4}));
+  EXPECT_EQ(reserved.k_room.size(2), 82);  // past the reserve: doubled
 }

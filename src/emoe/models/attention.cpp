@@ -47,7 +47,7 @@ std::pair<at::Tensor, at::Tensor> append_kv(LayerKv* cache, const at::Tensor& k,
       "append_kv: keys/values ", k.sizes(), " do not continue the cache ", cache->k.sizes());
   if (!cache->k_room.defined() || cache->k_room.size(2) < s ||
       cache->k_room.scalar_type() != k.scalar_type()) {
-    const int64_t room = std::max<int64_t>(2 * s, 16);
+    const int64_t room = cache->reserve >= s ? cache->reserve : std::max<int64_t>(2 * s, 16);
     auto grow = [&](const at::Tensor& old) {
       auto sizes = old.sizes().vec();
       sizes[2] = room;

@@ -10,11 +10,14 @@ namespace emoe {
 
 // Keys and values of one layer for incremental decoding: [B, kv_heads, S, head_dim]. From the
 // second append on, k and v are views of the first S positions of buffers with room for more
-// along S (grown by doubling), so that a step copies its own keys and values only, not every
-// cached one again (torch.cat would: O(S^2) copying over a generation).
+// along S (`reserve` positions, or grown by doubling), so that a step copies its own keys and
+// values only, not every cached one again (torch.cat would: O(S^2) copying over a generation).
 struct LayerKv {
   at::Tensor k, v;
   at::Tensor k_room, v_room;  // the buffers k and v are views of (undefined until needed)
+  // Positions to make room for when the buffers are made (generate: prompt + new tokens, so that
+  // they are made once, at their final size); 0 or too few: twice the positions needed.
+  int64_t reserve = 0;
   // Keeps rows `rows` (a long tensor of indices into dim 0) of the cache, in that order: beam
   // search's reordering.
   void select_rows(const at::Tensor& rows);

@@ -14,6 +14,13 @@ namespace emoe {
 
 namespace {
 
+// The decoder's self-attention caches are made, at their second step, with room for `positions`
+// (the prompt and every new token): one buffer per layer, no regrowth. (Cross-attention keys and
+// values are stored once and never appended to.)
+void reserve_positions(KvCache* cache, int64_t positions) {
+  for (auto& kv : cache->layers) kv.reserve = positions;
+}
+
 at::Tensor pick_next(const at::Tensor& logits, const GenerateOptions& o, at::Generator& gen) {
   if (o.temperature <= 0.0) return logits.argmax(-1);
   auto scores = logits.to(torch::kFloat).to(torch::kCPU) / o.temperature;
@@ -117,6 +124,7 @@ at::Tensor beam_search_seq2seq(PretrainedModelImpl& model, const at::Tensor& ids
     in.decoder_input_ids = o.use_cache ? seqs.narrow(1, seqs.size(1) - 1, 1) : seqs;
     in.cache = o.use_cache ? &cache : nullptr;
     auto r = model.forward(in);
+    if (step == 0) reserve_positions(&cache, max_length);
     if (!encoder_out.defined()) encoder_out = r.encoder_last_hidden_state;
     auto logits = r.logits.select(1, -1).to(torch::kFloat);
     const int64_t v = logits.size(-1);
@@ -253,6 +261,7 @@ at::Tensor generate(PretrainedModelImpl& model, const at::Tensor& input_ids,
     in.cache = o.use_cache ? &cache : nullptr;
     in.last_logits_only = true;
     auto logits = model.forward(in).logits.select(1, -1);
+    if (step == 0) reserve_positions(&cache, ids.size(1) + steps);
     auto next = pick_next(logits, o, gen);
     if (pad) next = next * unfinished + (*pad) * (1 - unfinished);
     out = torch::cat({out, next.unsqueeze(1)}, 1);
@@ -304,6 +313,7 @@ at::Tensor generate_seq2seq(PretrainedModelImpl& model, const at::Tensor& input_
     in.decoder_input_ids = o.use_cache ? out.narrow(1, out.size(1) - 1, 1) : out;
     in.cache = o.use_cache ? &cache : nullptr;
     auto r = model.forward(in);
+    if (step == 0) reserve_positions(&cache, 1 + o.max_new_tokens);
     if (!encoder_out.defined()) encoder_out = r.encoder_last_hidden_state;
     auto next = pick_next(r.logits.select(1, -1), o, gen);
     if (pad) next = next * unfinished + (*pad) * (1 - unfinished);
