@@ -1020,3 +1020,48 @@ TEST(KvCache, AppendsInPlaceIntoRoomThatDoublesAndMatchesConcatenation) {
   emoe::append_kv(&reserved, torch::randn({1, 2, 1, 4}), torch::randn({1, 2, 1, 4}));
   EXPECT_EQ(reserved.k_room.size(2), 82);  // past the reserve: doubled
 }
+
+TEST(LinearAutocast, InferenceKeepsOneCastWhileTheWeightIsUnchangedAndTrainingDropsIt) {
+  torch::manual_seed(6);
+  emoe::LinearOptions o;
+  o.in = 8;
+  o.out = 5;
+  emoe::Linear q(o), k(o), v(o);
+  auto x = torch::randn({2, 3, 8});
+  emoe::PrecisionScope bf16(emoe::Precision::kBf16Mixed, torch::kCPU);
+  // what autocast's linear computes, cast here (autocast's own cache would keep a stale copy of a
+  // weight changed in place)
+  auto reference = [&](emoe::Linear& l) {
+    return torch::linear(x.to(torch::kBFloat16), l->weight.to(torch::kBFloat16),
+                         l->bias.to(torch::kBFloat16));
+  };
+  {
+    torch::NoGradGuard no_grad;
+    auto y = q->forward(x);
+    ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(y, reference(q)));
+    ASSERT_TRUE(q->holds_cast());
+    EXPECT_TRUE(q->autocast_weight().is_same(q->autocast_weight()));  // made once
+    q->weight.mul_(-1);  // a changed weight: a new copy
+    EXPECT_TRUE(torch::equal(q->forward(x), reference(q)));
+    // q, k and v fused: one concatenation, kept by q, remade when any weight or bias changes
+    auto fused = emoe::fused_linear({q.get(), k.get(), v.get()}, x);
+    ASSERT_EQ(fused.size(), 3u);
+    EXPECT_TRUE(q->holds_fused_cast());
+    EXPECT_TRUE(torch::equal(fused[1], reference(k)));
+    k->bias.add_(1);
+    fused = emoe::fused_linear({q.get(), k.get(), v.get()}, x);
+    EXPECT_TRUE(torch::equal(fused[0], reference(q)));
+    EXPECT_TRUE(torch::equal(fused[1], reference(k)));
+    EXPECT_TRUE(torch::equal(fused[2], reference(v)));
+  }
+  // a forward with gradients: the copies go, the weights train
+  auto y = q->forward(x);
+  EXPECT_FALSE(q->holds_cast());
+  auto fused = emoe::fused_linear({q.get(), k.get(), v.get()}, x);
+  EXPECT_FALSE(q->holds_fused_cast());
+  fused[2].sum().backward();
+  ASSERT_TRUE(v->weight.grad().defined());
+  EXPECT_GT(v->weight.grad().abs().sum().item<double>(), 0);
+  (void)y;
+}

@@ -58,15 +58,35 @@ void LinearImpl::reset_parameters(double std) {
   if (bias.defined()) bias.zero_();
 }
 
+namespace {
+
+// Autocast's lower dtype for tensors on t's device, if autocast is on there and casts.
+c10::optional<at::ScalarType> autocast_target(const torch::Tensor& t) {
+  c10::optional<at::ScalarType> dtype;
+  if (t.device().is_cpu() && emoe::autocast_enabled(at::kCPU))
+    dtype = emoe::autocast_dtype(at::kCPU);
+  if (t.device().is_cuda() && emoe::autocast_enabled(at::kCUDA))
+    dtype = emoe::autocast_dtype(at::kCUDA);
+  if (dtype && *dtype == at::kFloat) dtype.reset();
+  return dtype;
+}
+
+// A weight that trains in this forward: autograd needs the weight itself.
+bool trains_now(const torch::Tensor& t) {
+  return t.defined() && t.requires_grad() && torch::GradMode::is_enabled();
+}
+
+}  // namespace
+
 torch::Tensor LinearImpl::autocast_weight() {
   auto w = weight_out_in();
-  if (weight.requires_grad() || weight.scalar_type() != at::kFloat) return w;
-  c10::optional<at::ScalarType> dtype;
-  if (weight.device().is_cpu() && emoe::autocast_enabled(at::kCPU))
-    dtype = emoe::autocast_dtype(at::kCPU);
-  if (weight.device().is_cuda() && emoe::autocast_enabled(at::kCUDA))
-    dtype = emoe::autocast_dtype(at::kCUDA);
-  if (!dtype || *dtype == at::kFloat) return w;
+  if (trains_now(weight)) {
+    cast_ = cast_source_ = torch::Tensor();  // autocast's own cache takes over
+    return w;
+  }
+  if (weight.scalar_type() != at::kFloat) return w;
+  const auto dtype = autocast_target(weight);
+  if (!dtype) return w;
   if (!cast_.defined() || cast_.scalar_type() != *dtype || !cast_source_.is_same(weight) ||
       cast_data_ != weight.data_ptr() || cast_version_ != static_cast<int64_t>(weight._version())) {
     torch::NoGradGuard no_grad;
@@ -79,6 +99,8 @@ torch::Tensor LinearImpl::autocast_weight() {
 }
 
 torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) {
+  if (cast_.defined() && trains_now(weight))
+    cast_ = cast_source_ = torch::Tensor();  // (autocast_weight's copy from inference)
   // a few rows without gradients (decoding): the small-product kernels, at the weights' bandwidth
   if (small_gemm_applies(x, weight, bias, options_.transposed))
     return small_gemm_linear(x, weight, bias, options_.transposed);
@@ -173,9 +195,44 @@ std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers,
     for (auto* l : layers) out.push_back(l->forward(x));
     return out;
   }
-  auto y = emoe::linear(x, torch::cat(weights, 0),
-                        biases.empty() ? torch::Tensor() : torch::cat(biases, 0));
-  return y.split_with_sizes(sizes, -1);
+  // under autocast without training weights (inference, evaluation, frozen layers): the
+  // concatenation in autocast's dtype, made once and kept by the first layer while every weight
+  // and bias is unchanged
+  auto* first = layers[0];
+  bool trains = false;
+  for (const auto& t : weights) trains = trains || trains_now(t);
+  for (const auto& t : biases) trains = trains || trains_now(t);
+  const auto dtype = autocast_target(weights[0]);
+  bool cacheable = !trains && dtype.has_value();
+  for (const auto& t : weights) cacheable = cacheable && t.scalar_type() == at::kFloat;
+  if (!cacheable) {
+    first->fused_cast_w_ = first->fused_cast_b_ = torch::Tensor();
+    first->fused_sources_.clear();
+    auto y = emoe::linear(x, torch::cat(weights, 0),
+                          biases.empty() ? torch::Tensor() : torch::cat(biases, 0));
+    return y.split_with_sizes(sizes, -1);
+  }
+  std::vector<torch::Tensor> sources = weights;
+  sources.insert(sources.end(), biases.begin(), biases.end());
+  bool fresh = first->fused_cast_w_.defined() && first->fused_cast_w_.scalar_type() == *dtype &&
+               first->fused_sources_.size() == sources.size();
+  for (size_t i = 0; fresh && i < sources.size(); ++i)
+    fresh = first->fused_sources_[i].is_same(sources[i]) &&
+            first->fused_data_[i] == sources[i].data_ptr() &&
+            first->fused_versions_[i] == static_cast<int64_t>(sources[i]._version());
+  if (!fresh) {
+    torch::NoGradGuard no_grad;
+    first->fused_cast_w_ = torch::cat(weights, 0).to(*dtype);
+    first->fused_cast_b_ = biases.empty() ? torch::Tensor() : torch::cat(biases, 0).to(*dtype);
+    first->fused_sources_ = sources;
+    first->fused_versions_.clear();
+    first->fused_data_.clear();
+    for (const auto& t : sources) {
+      first->fused_versions_.push_back(static_cast<int64_t>(t._version()));
+      first->fused_data_.push_back(t.data_ptr());
+    }
+  }
+  return torch::linear(x, first->fused_cast_w_, first->fused_cast_b_).split_with_sizes(sizes, -1);
 }
 
 void LinearImpl::set_adapter(std::shared_ptr<LinearAdapter> adapter) {

@@ -46,11 +46,18 @@ class LinearImpl : public torch::nn::Module {
   torch::Tensor base_forward(const torch::Tensor& x);
   // The weight as [out, in] (a view for Conv1D storage; gradients flow through it).
   torch::Tensor weight_out_in() const;
-  // weight_out_in(), or under autocast for a frozen float32 weight its copy in autocast's dtype,
-  // made once and kept while the weight is unchanged (same storage, same version). Autocast
-  // caches only casts of weights that train, so a frozen layer (LoRA, MoV) would otherwise cast
-  // its weight on every forward and again in every backward pass.
+  // weight_out_in(), or under autocast for a float32 weight that is frozen or used without
+  // gradients (inference, evaluation) its copy in autocast's dtype, made once and kept while the
+  // weight is unchanged (same storage, same version). Autocast caches only casts of weights that
+  // train, and only within one autocast region: a frozen layer (LoRA, MoV) would otherwise cast
+  // its weight on every forward and again in every backward pass, and inference every weight on
+  // every call. A trainable weight's copy is dropped at its first forward with gradients
+  // (autocast's own cache takes over), so training holds no second copy.
   torch::Tensor autocast_weight();
+  // Whether autocast_weight() holds a copy now, and whether fused_linear holds its concatenation
+  // here (tests).
+  bool holds_cast() const { return cast_.defined(); }
+  bool holds_fused_cast() const { return fused_cast_w_.defined(); }
   void reset_parameters(double std);  // normal(0, std) weight, zero bias (Hugging Face init)
 
   // Attaches (or with nullptr removes) the adapter. Its direct children and parameters are
@@ -69,6 +76,14 @@ class LinearImpl : public torch::nn::Module {
   torch::Tensor cast_source_;  // the weight it was made from (held: its address is not reused)
   const void* cast_data_ = nullptr;  // that weight's storage and version at the time
   int64_t cast_version_ = -1;
+  // fused_linear's concatenated weights (and biases) in autocast's dtype, held by the group's
+  // first layer under the same rule, and the weights and versions they were made from
+  friend std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers,
+                                                 const torch::Tensor& x);
+  torch::Tensor fused_cast_w_, fused_cast_b_;
+  std::vector<torch::Tensor> fused_sources_;
+  std::vector<int64_t> fused_versions_;
+  std::vector<const void*> fused_data_;
 };
 TORCH_MODULE(Linear);
 
