@@ -4,17 +4,19 @@
 // row, for each batch size and weight dtype: the default (emoe's small-product kernels or the
 // library's product, chosen per shape by measurement: src/emoe/models/small_gemm.h), the kernels
 // for every product, and the library's products for every product. Configurations
-// alternate within each repetition so that the ratios (kernels over library, bfloat16 over
+// alternate within each repetition, in an order that rotates from one repetition to the next, so
+// that the ratios (kernels over library, bfloat16 over
 // float32, a batch over batch 1) are measured under the same load; each figure is the best
 // repetition.
 //
 // Usage: bench_generate [--batches 1,8] [--prompt 32] [--new 128] [--dtypes float32,bfloat16]
 //                       [--layers L] [--kv-heads H] [--reps 3] [--device cpu|cuda]
-//                       [--json FILE] [--profile trace.json]
+//                       [--json FILE] [--profile trace.json] [-v]
 //   --kv-heads: key/value heads (default 8, one per query head; 2: grouped-query attention as
 //   Llama 3, Qwen and Mistral use it)
 //   --profile: also one generation (the first dtype and batch, 16 new tokens) under the
 //   autograd profiler, as a Chrome trace (scripts/profile_summary.py sums it by operator).
+//   -v: log auto's decision for each product shape, with both paths' median times.
 #include <iostream>
 #include <sstream>
 
@@ -22,6 +24,7 @@
 #include "bench_models.h"
 #include "emoe/core/cpu_info.h"
 #include "emoe/core/error.h"
+#include "emoe/core/logging.h"
 #include "emoe/core/runtime.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/models/generate.h"
@@ -38,7 +41,7 @@ using emoe::bench::split_list;
 constexpr const char* kUsage =
     "bench_generate [--batches 1,8] [--prompt 32] [--new 128] [--dtypes float32,bfloat16]\n"
     "               [--layers L] [--kv-heads H] [--reps 3] [--device cpu|cuda]\n"
-    "               [--json FILE] [--profile trace.json]\n";
+    "               [--json FILE] [--profile trace.json] [-v]\n";
 
 struct Args {
   std::vector<int64_t> batches = {1, 8};
@@ -124,7 +127,11 @@ int run(const Args& a) {
   for (int64_t rep = 0; rep <= a.reps; ++rep) {  // repetition 0 warms every configuration
     for (size_t d = 0; d < a.dtypes.size(); ++d)
       for (size_t b = 0; b < a.batches.size(); ++b)
-        for (size_t p = 0; p < paths.size(); ++p) {
+        for (size_t i = 0; i < paths.size(); ++i) {
+          // the order rotates with the repetition: a configuration run right after another is
+          // timed slower or faster by it (the library measured 0.88-1.13x of itself after the
+          // kernels against after the library), so each path takes each place in turn
+          const size_t p = (i + static_cast<size_t>(rep)) % paths.size();
           emoe::set_small_gemm_isa(paths[p]);
           auto t = generate_once(*models[d], prompts.narrow(0, 0, a.batches[b]), a.new_tokens);
           if (rep == 0) continue;
@@ -144,7 +151,8 @@ int run(const Args& a) {
      << fmt::format(
             "Greedy generation with the KV cache, Llama-style decoder ({} layers, hidden 512, 8 "
             "heads, {} key/value heads, vocabulary 32000, random weights), prompt {} tokens, {} "
-            "new tokens; best of {} repetitions, configurations alternated.\n\n",
+            "new tokens; best of {} repetitions, configurations alternated in an order that "
+            "rotates each repetition.\n\n",
             config["num_hidden_layers"].get<int64_t>(),
             config["num_key_value_heads"].get<int64_t>(), a.prompt, a.new_tokens, a.reps)
      << "| weights | batch | products | prefill (ms) | decode tokens/s (all rows) | vs library | "
@@ -222,6 +230,8 @@ int main(int argc, char** argv) {
         a.json_out = next();
       } else if (k == "--profile") {
         a.profile = next();
+      } else if (k == "-v" || k == "--verbose") {
+        emoe::init_logging(2);  // auto's per-shape decisions, with both paths' times
       } else {
         EMOE_THROW(UsageError, "unknown argument '{}'", k);
       }
