@@ -1065,3 +1065,26 @@ TEST(LinearAutocast, InferenceKeepsOneCastWhileTheWeightIsUnchangedAndTrainingDr
   EXPECT_GT(v->weight.grad().abs().sum().item<double>(), 0);
   (void)y;
 }
+
+TEST(CausalLmLoss, WithoutGradientsTheRowKernelsGiveCrossEntropysMean) {
+  torch::manual_seed(8);
+  const int64_t b = 3, t = 7, v = 50;
+  auto labels = torch::randint(0, v, {b, t}, torch::kLong);
+  labels.index_put_({1, 3}, -100);
+  labels.index_put_({2, 5}, -100);
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    auto logits = (torch::randn({b, t, v}) * 4).to(dtype);
+    auto ref = torch::nn::functional::cross_entropy(
+        logits.narrow(1, 0, t - 1).reshape({-1, v}).to(torch::kFloat),
+        labels.narrow(1, 1, t - 1).reshape({-1}),
+        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+    torch::NoGradGuard no_grad;
+    auto loss = emoe::causal_lm_loss(logits, labels);
+    ASSERT_EQ(loss.scalar_type(), torch::kFloat);
+    EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-5 * std::abs(ref.item<double>()));
+    // every position ignored: NaN, as cross_entropy's mean
+    EXPECT_TRUE(std::isnan(
+        emoe::causal_lm_loss(logits, torch::full({b, t}, -100, torch::kLong)).item<double>()));
+  }
+}

@@ -1,12 +1,14 @@
 // Shared model helpers: head names, losses and the config written back with a checkpoint.
 #include "emoe/models/model.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include "emoe/core/error.h"
 #include "emoe/io/hf_config.h"
 #include "emoe/models/linear.h"
 #include "emoe/models/lm_loss.h"
+#include "emoe/models/row_kernels.h"
 #include "emoe/models/small_gemm.h"
 
 namespace emoe {
@@ -65,6 +67,23 @@ nlohmann::json PretrainedModelImpl::config_json() const {
 
 torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
   auto t = logits.size(1);
+  // without gradients (evaluation, inference): the row kernels' float32 log-sum-exp over each
+  // row as it is (float32 or bfloat16), where cross_entropy would first copy every shifted logit
+  // to float32 and take a log-softmax of the copy
+  if (t > 1 && logits.dim() == 3 && logits.device().is_cpu() &&
+      !(torch::GradMode::is_enabled() && logits.requires_grad())) {
+    RECORD_FUNCTION("emoe::causal_lm_loss_rows", std::vector<c10::IValue>());
+    const auto target = labels.narrow(1, 1, t - 1).to(logits.device()).contiguous();
+    const auto valid = target != -100;
+    const auto safe = target.clamp_min(0).contiguous();
+    auto row_loss = torch::empty(target.sizes(), logits.options().dtype(torch::kFloat));
+    bool applied = true;
+    for (int64_t b = 0; applied && b < logits.size(0); ++b)
+      applied =
+          softmax_xent_rows(logits[b].narrow(0, 0, t - 1), safe[b], torch::Tensor(), row_loss[b]);
+    // the mean over kept positions (none kept: NaN, as cross_entropy's)
+    if (applied) return (row_loss * valid).sum() / valid.sum().to(torch::kFloat);
+  }
   auto shifted = logits.narrow(1, 0, t - 1).reshape({-1, logits.size(-1)});
   auto target = labels.narrow(1, 1, t - 1).reshape({-1}).to(logits.device());
   return torch::nn::functional::cross_entropy(
