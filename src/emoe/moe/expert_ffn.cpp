@@ -21,6 +21,7 @@
 
 #include "emoe/core/error.h"
 #include "emoe/models/matmul.h"
+#include "emoe/models/row_kernels.h"
 #include "emoe/moe/expert_kernels.h"
 
 namespace emoe {
@@ -64,6 +65,21 @@ void activation_backward_out(at::Tensor& out, const at::Tensor& grad, const at::
       at::threshold_backward_out(out, grad, pre, 0);
       return;
   }
+}
+
+// Gated experts with SiLU (SwiGLU: Llama, Qwen, Mistral) on the row kernels where they apply:
+// silu(pre) ⊙ up in one pass each way, in float32 rounded once (row_kernels.h).
+bool fused_silu_gate(const at::Tensor& pre, const at::Tensor& up, Activation act) {
+  return up.defined() && act == Activation::kSilu && silu_mul_applies(pre, up);
+}
+
+// h = act(pre) (⊙ up): the experts' hidden rows before the routing weight.
+at::Tensor hidden_rows(const at::Tensor& pre, const at::Tensor& up, Activation act) {
+  if (fused_silu_gate(pre, up, act)) return silu_mul_forward(pre, up);
+  auto h = torch::empty_like(pre);
+  activation_out(h, pre, act);
+  if (up.defined()) h.mul_(up);
+  return h;
 }
 
 // absent optional tensors travel through autograd as empty ones
@@ -309,9 +325,7 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
         up = torch::empty({rows, s}, x.options());
         gather_products(kind, x, tok, counts, s, w_up, true, {}, up);
       }
-      auto h = torch::empty({rows, s}, x.options());
-      activation_out(h, pre, act);
-      if (up.defined()) h.mul_(up);
+      auto h = hidden_rows(pre, up, act);
       if (weights.defined()) h.mul_(weights.unsqueeze(1));
       auto out = torch::zeros({n, d}, x.options().dtype(acc));
       scatter_products(kind, h, tok, counts, s, w_out, /*neuron_rows=*/false, out);
@@ -348,9 +362,7 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
       }
     }
     // once over all rows: activation, gating, routing weight
-    auto h = torch::empty({rows, s}, x.options());
-    activation_out(h, pre, act);
-    if (up.defined()) h.mul_(up);
+    auto h = hidden_rows(pre, up, act);
     if (weights.defined()) h.mul_(weights.unsqueeze(1));
     // pass 2: each expert's rows times its block of w_out, added into their tokens' outputs (in
     // the accumulation dtype: float32 when the experts compute in bfloat16)
@@ -418,12 +430,17 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     auto buf = kernels ? at::Tensor() : torch::empty({largest_group(groups), d}, o);
     // a = act(pre) (kept by the forward for EMoE's experts, else recomputed), h = a (⊙ up),
     // hw = h (· weight)
-    at::Tensor a = opt(saved[8]);
-    if (!a.defined()) {
-      a = torch::empty({rows, s}, o);
-      activation_out(a, pre, act);
+    const bool fused_gate = fused_silu_gate(pre, up, act);
+    at::Tensor a = opt(saved[8]), h;
+    if (fused_gate) {
+      h = silu_mul_forward(pre, up);  // (a itself is not needed: the backward kernel takes pre)
+    } else {
+      if (!a.defined()) {
+        a = torch::empty({rows, s}, o);
+        activation_out(a, pre, act);
+      }
+      h = up.defined() ? a * up : a;
     }
-    auto h = up.defined() ? a * up : a;
     auto hw = weights.defined() ? h * weights.unsqueeze(1) : h;
     // pass 1: gradient of h (before the routing weight) and of w_out, expert by expert
     auto gh = torch::empty({rows, s}, o);
@@ -460,13 +477,17 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
       if (need_weights) g_weights = (gh * h).sum(1);  // <g_t, y_r> = <g_t W_out,j, h_r>
       gh.mul_(weights.unsqueeze(1));
     }
-    at::Tensor g_up;
-    if (up.defined()) {
-      g_up = gh * a;
-      gh.mul_(up);  // now the gradient of act(pre)
+    at::Tensor g_up, g_pre;
+    if (fused_gate) {
+      std::tie(g_pre, g_up) = silu_mul_backward(pre, up, gh);
+    } else {
+      if (up.defined()) {
+        g_up = gh * a;
+        gh.mul_(up);  // now the gradient of act(pre)
+      }
+      g_pre = torch::empty({rows, s}, o);
+      activation_backward_out(g_pre, gh, pre, act);
     }
-    auto g_pre = torch::empty({rows, s}, o);
-    activation_backward_out(g_pre, gh, pre, act);
     at::Tensor g_b_in;
     if (need_b_in) g_b_in = segment_row_sums(g_pre, counts).view({e * s});
     // pass 2: gradients of w_in, w_up and x, expert by expert; x's rows are gathered per group
