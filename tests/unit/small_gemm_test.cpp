@@ -147,6 +147,38 @@ TEST(SmallGemm, AutoTimesEachShapeInPlaceThenKeepsOnePathAndGivesTheProduct) {
   EXPECT_EQ(emoe::set_small_gemm_isa("auto"), "auto");
 }
 
+TEST(SmallGemm, AutoTimesTheWideningKernelsAsAThirdPathForBfloat16Weights) {
+  if (kernel_sets().empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  IsaScope pin("auto");
+  // under avx512-bf16, bfloat16 weights [N, K] have two kernels (vdpbf16ps, and widening to
+  // float32 with FMA) and the library: three paths, six calls each; elsewhere two
+  const bool three = emoe::small_gemm_isa() == "avx512-bf16";
+  const int64_t trial_calls =
+      three ? emoe::kSmallGemmTrialCalls / 2 * 3 : emoe::kSmallGemmTrialCalls;
+  torch::NoGradGuard no_grad;
+  auto w = torch::randn({37, 45}).to(torch::kBFloat16), b = torch::randn({37}).to(torch::kBFloat16);
+  auto x = torch::randn({5, 45}).to(torch::kBFloat16);  // a shape no other test uses
+  const auto ref = torch::linear(x.to(torch::kFloat), w.to(torch::kFloat), b.to(torch::kFloat));
+  const auto before = emoe::small_gemm_measurements();
+  const auto first = emoe::small_gemm_linear(x, w, b, false);
+  EXPECT_LT((first.to(torch::kFloat) - ref).abs().max().item<double>(), 0.1);
+  for (int64_t i = 1; i < trial_calls; ++i) {
+    EXPECT_EQ(emoe::small_gemm_measurements().first, before.first) << "decided after " << i;
+    EXPECT_TRUE(torch::equal(emoe::small_gemm_linear(x, w, b, false), first)) << i;  // kernels'
+  }
+  EXPECT_EQ(emoe::small_gemm_measurements().first, before.first + 1);
+  // whichever path was kept gives the product (bfloat16: rounded once, summed in another order)
+  auto y1 = emoe::small_gemm_linear(x, w, b, false), y2 = emoe::small_gemm_linear(x, w, b, false);
+  EXPECT_TRUE(torch::equal(y1, y2));
+  EXPECT_LT((y1.to(torch::kFloat) - ref).abs().max().item<double>(), 0.1);
+  // the widening kernels pinned (avx512) give the same product
+  if (three) {
+    IsaScope widen("avx512");
+    auto yw = emoe::small_gemm_linear(x, w, b, false);
+    EXPECT_LT((yw.to(torch::kFloat) - ref).abs().max().item<double>(), 0.1);
+  }
+}
+
 // Greedy decoding of a random Llama (fused q/k/v, untied head) and GPT-2 (Conv1D [K, N] weights,
 // tied head) model, batch 3, float32: the same tokens and logits with the kernels as with the
 // library's products; the prompt pass's last-position logits are the full pass's.

@@ -225,13 +225,18 @@ Isa current_isa() {
 // (a small weight is) looked twice as fast as the library's on two, where in the model it was
 // slower (measured on a 2-core AMD EPYC, 8 rows against 512 x 512 bfloat16: 44 against 90 us
 // alone, and greedy decoding at batch 8 at 0.50-0.75 of the library's tokens/s).
+// The paths a trial times: the kernels of the process's instruction set, the library, and for
+// bfloat16 weights [N, K] where that set is avx512-bf16, the AVX-512F kernels that widen the
+// weights to float32 and use FMA (at eight rows they measured 1.4-2.8x faster than vdpbf16ps's
+// dot products on a 2-core AMD EPYC, and slower at one row on some shapes).
+enum Path : int { kKernels = 0, kLibrary = 1, kWidening = 2 };
 struct Trial {
   int64_t calls = 0;
-  std::vector<double> kernels, library;  // seconds per timed call
+  std::vector<double> times[3];  // seconds per timed call, by Path
 };
 struct ShapeChoices {
   std::mutex mutex;
-  std::map<std::array<int64_t, 6>, bool> use_kernels;
+  std::map<std::array<int64_t, 6>, int> use_kernels;  // the Path kept
   std::map<std::array<int64_t, 6>, Trial> trials;
   int64_t chose_library = 0;
 };
@@ -269,7 +274,8 @@ void run_kernels(Isa isa, const float* x, const uint16_t* x16, int64_t M, int64_
                  int64_t N, bool weight_kn, const Store<T>& out) {
   const int64_t row_bytes = K * static_cast<int64_t>(sizeof(W));
   if (!weight_kn) {
-    const int64_t grain = std::max<int64_t>(4, kTaskBytes / std::max<int64_t>(row_bytes, 1));
+    const int64_t grain = std::max<int64_t>(
+        4, kTaskBytes / std::max<int64_t>(row_bytes * std::max<int64_t>(M, 1), 1));
     at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
       if constexpr (std::is_same_v<W, uint16_t>) {
         if (isa == Isa::kAvx512Bf16) return avx512bf16::nt_range(x16, M, K, w, n0, n1, out);
@@ -283,7 +289,8 @@ void run_kernels(Isa isa, const float* x, const uint16_t* x16, int64_t M, int64_
   }
   const int64_t vw = isa >= Isa::kAvx512 ? 16 : 8;  // columns in steps of whole registers
   const int64_t blocks = (N + vw - 1) / vw;
-  const int64_t grain = std::max<int64_t>(1, kTaskBytes / std::max<int64_t>(row_bytes * vw, 1));
+  const int64_t grain = std::max<int64_t>(
+      1, kTaskBytes / std::max<int64_t>(row_bytes * vw * std::max<int64_t>(M, 1), 1));
   at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
     const int64_t c0 = b0 * vw, c1 = std::min(N, b1 * vw);
     if (isa >= Isa::kAvx512)
@@ -344,12 +351,16 @@ at::Tensor library_linear(const at::Tensor& x, const at::Tensor& weight, const a
   return emoe::linear(x, weight_kn ? weight.t() : weight, bias);
 }
 
+// A third path for auto's trial (Path): bfloat16 weights [N, K] under avx512-bf16.
+bool widening_applies(const at::Tensor& weight, bool weight_kn) {
+  return weight.scalar_type() == at::kBFloat16 && !weight_kn && current_isa() == Isa::kAvx512Bf16;
+}
+
 at::Tensor kernel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                         bool weight_kn) {
+                         bool weight_kn, Isa isa) {
   RECORD_FUNCTION("emoe::small_gemm", std::vector<c10::IValue>());
   const int64_t k = weight.size(weight_kn ? 0 : 1), n = weight.size(weight_kn ? 1 : 0);
   const int64_t m = x.numel() / k;
-  const Isa isa = current_isa();
   const bool bf16 = weight.scalar_type() == at::kBFloat16;
   const auto x2 = x.reshape({m, k}).contiguous();
   // bfloat16 rows widened once, except for vdpbf16ps, which reads them as they are
@@ -377,50 +388,68 @@ at::Tensor kernel_linear(const at::Tensor& x, const at::Tensor& weight, const at
 namespace {
 
 // auto's choice for one key (see ShapeChoices): the kept path once decided, else the trial's next
-// call. kernels() and library() compute the same product(s) (a tensor, or a group's tensors).
+// call. kernels(isa) and library() compute the same product(s) (a tensor, or a group's tensors);
+// `widening`: the AVX-512F kernels are a third path (Path).
 template <class Kernels, class Library>
-auto choose(const std::array<int64_t, 6>& key, const at::Tensor& weight, Kernels&& kernels,
-            Library&& library) -> decltype(kernels()) {
+auto choose(const std::array<int64_t, 6>& key, const at::Tensor& weight, bool widening,
+            Kernels&& kernels, Library&& library) -> decltype(kernels(Isa::kNone)) {
   auto& c = shape_choices();
+  const Isa isa = current_isa();
+  auto run = [&](int path) {
+    return path == kLibrary ? library() : kernels(path == kWidening ? Isa::kAvx512 : isa);
+  };
   int64_t call = 0;
   {
     std::lock_guard<std::mutex> lock(c.mutex);
     auto it = c.use_kernels.find(key);
-    if (it != c.use_kernels.end()) return it->second ? kernels() : library();
+    if (it != c.use_kernels.end()) return run(it->second);
     call = c.trials[key].calls++;
   }
-  // which path this call times: by the parity of the call's bit count (Thue-Morse), so that a
+  // which path this call times. Two: by the parity of the call's bit count (Thue-Morse), so that a
   // shape called at several places of a layer (q, k, v and o: four times) has each path timed
-  // at each place, not one path always after the attention and the other always before it
-  const bool time_kernels = __builtin_popcountll(static_cast<unsigned long long>(call)) % 2 == 0;
+  // at each place, not one path always after the attention and the other always before it;
+  // three: in turn (with four places, each path at each place within 12 calls)
+  const int paths = widening ? 3 : 2;
+  const int path =
+      paths == 3
+          ? static_cast<int>(call % 3)
+          : (__builtin_popcountll(static_cast<unsigned long long>(call)) % 2 == 0 ? kKernels
+                                                                                  : kLibrary);
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
-  auto y = time_kernels ? kernels() : library();
+  auto y = run(path);
   const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
   // every result of the trial is the kernels' (the same input gives the same output throughout;
   // the library's product, timed first, reads the weights as the model leaves them)
-  if (!time_kernels) y = kernels();
-  if (call < 2) return y;  // untimed: one call of each (oneDNN makes its primitive)
+  if (path != kKernels) y = kernels(isa);
+  if (call < paths) return y;  // untimed: one call of each (oneDNN makes its primitive)
   std::lock_guard<std::mutex> lock(c.mutex);
   auto it = c.trials.find(key);
   if (it == c.trials.end()) return y;  // decided meanwhile by another thread
-  auto& times = time_kernels ? it->second.kernels : it->second.library;
-  times.push_back(seconds);
+  auto& times = it->second.times;
+  times[path].push_back(seconds);
   constexpr size_t kTimed = (kSmallGemmTrialCalls - 2) / 2;
-  if (it->second.kernels.size() < kTimed || it->second.library.size() < kTimed) return y;
+  for (int p = 0; p < paths; ++p)
+    if (times[p].size() < kTimed) return y;
   auto median = [](std::vector<double> v) {
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
     return v[v.size() / 2];
   };
-  const bool keep_kernels = !(median(it->second.library) * 1.05 < median(it->second.kernels));
+  const double t_kernels = median(times[kKernels]), t_library = median(times[kLibrary]);
+  const double t_widening = paths == 3 ? median(times[kWidening]) : 0.0;
+  const int best_kernels = paths == 3 && t_widening < t_kernels ? kWidening : kKernels;
+  const double t_best = best_kernels == kWidening ? t_widening : t_kernels;
+  const int keep = t_library * 1.05 < t_best ? kLibrary : best_kernels;
   spdlog::debug(
-      "small products: {} rows x {} times {} {} [{}, {}] {}: emoe kernels {:.1f} us, library "
+      "small products: {} rows x {} times {} {} [{}, {}] {}: emoe kernels {:.1f} us{}, library "
       "{:.1f} us (medians in place): {}",
       key[1], key[3 - key[4] % 2], key[4] >= 2 ? key[4] / 2 : 1, key[4] >= 2 ? "weights" : "weight",
-      key[2], key[3], c10::toString(weight.scalar_type()), median(it->second.kernels) * 1e6,
-      median(it->second.library) * 1e6, keep_kernels ? "kernels" : "library");
+      key[2], key[3], c10::toString(weight.scalar_type()), t_kernels * 1e6,
+      paths == 3 ? fmt::format(", widening to float32 {:.1f} us", t_widening * 1e6) : "",
+      t_library * 1e6,
+      keep == kLibrary ? "library" : (keep == kWidening ? "kernels (widening)" : "kernels"));
   c.trials.erase(it);
-  if (c.use_kernels.emplace(key, keep_kernels).second && !keep_kernels) ++c.chose_library;
+  if (c.use_kernels.emplace(key, keep).second && keep == kLibrary) ++c.chose_library;
   return y;
 }
 
@@ -431,15 +460,16 @@ at::Tensor small_gemm_linear(const at::Tensor& x, const at::Tensor& weight, cons
   TORCH_CHECK(small_gemm_applies(x, weight, bias, weight_kn),
               "small_gemm_linear: unsupported inputs");
   at::NoGradGuard no_grad;
-  auto kernels = [&] { return kernel_linear(x, weight, bias, weight_kn); };
-  if (current_setting() < kMeasuredFlag) return kernels();
+  auto kernels = [&](Isa isa) { return kernel_linear(x, weight, bias, weight_kn, isa); };
+  if (current_setting() < kMeasuredFlag) return kernels(current_isa());
   const std::array<int64_t, 6> key = {static_cast<int64_t>(weight.scalar_type()),
                                       x.numel() / x.size(-1),
                                       weight.size(0),
                                       weight.size(1),
                                       weight_kn,
                                       bias.defined()};
-  return choose(key, weight, kernels, [&] { return library_linear(x, weight, bias, weight_kn); });
+  return choose(key, weight, widening_applies(weight, weight_kn), kernels,
+                [&] { return library_linear(x, weight, bias, weight_kn); });
 }
 
 std::vector<at::Tensor> small_gemm_group(const at::Tensor& x,
@@ -453,13 +483,13 @@ std::vector<at::Tensor> small_gemm_group(const at::Tensor& x,
                     weights[i].size(weight_kn ? 0 : 1) == weights[0].size(weight_kn ? 0 : 1),
                 "small_gemm_group: unsupported inputs");
   at::NoGradGuard no_grad;
-  auto kernels = [&] {
+  auto kernels = [&](Isa isa) {
     std::vector<at::Tensor> out;
     for (size_t i = 0; i < weights.size(); ++i)
-      out.push_back(kernel_linear(x, weights[i], biases[i], weight_kn));
+      out.push_back(kernel_linear(x, weights[i], biases[i], weight_kn, isa));
     return out;
   };
-  if (current_setting() < kMeasuredFlag) return kernels();
+  if (current_setting() < kMeasuredFlag) return kernels(current_isa());
   // the library's way: one product over the weights concatenated (what a fused layer computes
   // without the kernels), or one product per weight for weights stored [K, N]
   auto library = [&] {
@@ -486,7 +516,7 @@ std::vector<at::Tensor> small_gemm_group(const at::Tensor& x,
                                       weight_kn ? n : k,
                                       2 * static_cast<int64_t>(weights.size()) + weight_kn,
                                       biases[0].defined()};
-  return choose(key, weights[0], kernels, library);
+  return choose(key, weights[0], widening_applies(weights[0], weight_kn), kernels, library);
 }
 
 }  // namespace emoe

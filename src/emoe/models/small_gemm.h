@@ -20,7 +20,9 @@
 namespace emoe {
 
 constexpr int64_t kSmallGemmMaxRows = 8;
-// Calls of one shape that auto alternates between the kernels and the library before it keeps one.
+// Calls of one shape that auto alternates between the kernels and the library before it keeps one
+// (six per path; bfloat16 weights [N, K] under avx512-bf16 have a third path, the AVX-512F kernels
+// that widen them to float32: 18 calls there).
 constexpr int64_t kSmallGemmTrialCalls = 12;
 
 // The kernels this process uses: "avx512-bf16" (AVX-512F, and vdpbf16ps for bfloat16 weights
@@ -29,8 +31,9 @@ std::string small_gemm_isa();
 // "auto" (the default): the best kernels this CPU has, and for each product shape (dtype, rows,
 // K, N, layout, bias) the kernels and the library's product alternated over the shape's first
 // kSmallGemmTrialCalls calls in the model, timed there, the faster kept (the library must win by
-// 5 %; the trial's calls all return the kernels' result); e.g. eight rows against a bfloat16 weight
-// may run faster on oneDNN's kernels. An instruction set this CPU has pins the kernels for every
+// 5 %; the trial's calls all return the kernels' result; under avx512-bf16, bfloat16 weights [N, K]
+// also try the widening AVX-512F kernels); e.g. eight rows against a bfloat16 weight may run faster
+// on oneDNN's kernels. An instruction set this CPU has pins the kernels for every
 // shape; "" or "library" uses none. EMOE_SMALL_GEMM sets it at start-up; this function sets it for
 // the process (tests; benchmarks compare with the library in one process) and returns the previous
 // setting. Throws UsageError for a set this CPU lacks or an unknown name.
