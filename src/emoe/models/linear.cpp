@@ -78,29 +78,52 @@ bool trains_now(const torch::Tensor& t) {
 
 }  // namespace
 
+bool LinearImpl::CastCopy::made_from(const std::vector<torch::Tensor>& tensors,
+                                     c10::ScalarType dtype) const {
+  if (!weight.defined() || weight.scalar_type() != dtype || sources.size() != tensors.size())
+    return false;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (!sources[i].is_same(tensors[i]) || data[i] != tensors[i].data_ptr() ||
+        versions[i] != static_cast<int64_t>(tensors[i]._version()))
+      return false;
+  return true;
+}
+
+void LinearImpl::CastCopy::remember(const std::vector<torch::Tensor>& tensors) {
+  sources = tensors;
+  data.clear();
+  versions.clear();
+  for (const auto& t : tensors) {
+    data.push_back(t.data_ptr());
+    versions.push_back(static_cast<int64_t>(t._version()));
+  }
+}
+
+void LinearImpl::CastCopy::clear() {
+  weight = bias = torch::Tensor();
+  sources.clear();
+}
+
 torch::Tensor LinearImpl::autocast_weight() {
   auto w = weight_out_in();
   if (trains_now(weight)) {
-    cast_ = cast_source_ = torch::Tensor();  // autocast's own cache takes over
+    cast_.clear();  // autocast's own cache takes over
     return w;
   }
   if (weight.scalar_type() != at::kFloat) return w;
   const auto dtype = autocast_target(weight);
   if (!dtype) return w;
-  if (!cast_.defined() || cast_.scalar_type() != *dtype || !cast_source_.is_same(weight) ||
-      cast_data_ != weight.data_ptr() || cast_version_ != static_cast<int64_t>(weight._version())) {
+  if (!cast_.made_from({weight}, *dtype)) {
     torch::NoGradGuard no_grad;
-    cast_ = w.to(*dtype);  // strides preserved: a Conv1D weight's stays a transposed view
-    cast_source_ = weight;
-    cast_data_ = weight.data_ptr();
-    cast_version_ = static_cast<int64_t>(weight._version());
+    cast_.weight = w.to(*dtype);  // strides preserved: a Conv1D weight's stays a transposed view
+    cast_.remember({weight});
   }
-  return cast_;
+  return cast_.weight;
 }
 
 torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) {
-  if (cast_.defined() && trains_now(weight))
-    cast_ = cast_source_ = torch::Tensor();  // (autocast_weight's copy from inference)
+  if (cast_.weight.defined() && trains_now(weight))
+    cast_.clear();  // (autocast_weight's copy from inference)
   // a few rows without gradients (decoding): the small-product kernels, at the weights' bandwidth
   if (small_gemm_applies(x, weight, bias, options_.transposed))
     return small_gemm_linear(x, weight, bias, options_.transposed);
@@ -206,33 +229,21 @@ std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers,
   bool cacheable = !trains && dtype.has_value();
   for (const auto& t : weights) cacheable = cacheable && t.scalar_type() == at::kFloat;
   if (!cacheable) {
-    first->fused_cast_w_ = first->fused_cast_b_ = torch::Tensor();
-    first->fused_sources_.clear();
+    first->fused_cast_.clear();
     auto y = emoe::linear(x, torch::cat(weights, 0),
                           biases.empty() ? torch::Tensor() : torch::cat(biases, 0));
     return y.split_with_sizes(sizes, -1);
   }
   std::vector<torch::Tensor> sources = weights;
   sources.insert(sources.end(), biases.begin(), biases.end());
-  bool fresh = first->fused_cast_w_.defined() && first->fused_cast_w_.scalar_type() == *dtype &&
-               first->fused_sources_.size() == sources.size();
-  for (size_t i = 0; fresh && i < sources.size(); ++i)
-    fresh = first->fused_sources_[i].is_same(sources[i]) &&
-            first->fused_data_[i] == sources[i].data_ptr() &&
-            first->fused_versions_[i] == static_cast<int64_t>(sources[i]._version());
-  if (!fresh) {
+  auto& copy = first->fused_cast_;
+  if (!copy.made_from(sources, *dtype)) {
     torch::NoGradGuard no_grad;
-    first->fused_cast_w_ = torch::cat(weights, 0).to(*dtype);
-    first->fused_cast_b_ = biases.empty() ? torch::Tensor() : torch::cat(biases, 0).to(*dtype);
-    first->fused_sources_ = sources;
-    first->fused_versions_.clear();
-    first->fused_data_.clear();
-    for (const auto& t : sources) {
-      first->fused_versions_.push_back(static_cast<int64_t>(t._version()));
-      first->fused_data_.push_back(t.data_ptr());
-    }
+    copy.weight = torch::cat(weights, 0).to(*dtype);
+    copy.bias = biases.empty() ? torch::Tensor() : torch::cat(biases, 0).to(*dtype);
+    copy.remember(sources);
   }
-  return torch::linear(x, first->fused_cast_w_, first->fused_cast_b_).split_with_sizes(sizes, -1);
+  return torch::linear(x, copy.weight, copy.bias).split_with_sizes(sizes, -1);
 }
 
 void LinearImpl::set_adapter(std::shared_ptr<LinearAdapter> adapter) {

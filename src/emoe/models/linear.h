@@ -56,8 +56,8 @@ class LinearImpl : public torch::nn::Module {
   torch::Tensor autocast_weight();
   // Whether autocast_weight() holds a copy now, and whether fused_linear holds its concatenation
   // here (tests).
-  bool holds_cast() const { return cast_.defined(); }
-  bool holds_fused_cast() const { return fused_cast_w_.defined(); }
+  bool holds_cast() const { return cast_.weight.defined(); }
+  bool holds_fused_cast() const { return fused_cast_.weight.defined(); }
   void reset_parameters(double std);  // normal(0, std) weight, zero bias (Hugging Face init)
 
   // Attaches (or with nullptr removes) the adapter. Its direct children and parameters are
@@ -72,18 +72,24 @@ class LinearImpl : public torch::nn::Module {
  private:
   LinearOptions options_;
   std::shared_ptr<LinearAdapter> adapter_;
-  torch::Tensor cast_;         // autocast_weight()'s copy
-  torch::Tensor cast_source_;  // the weight it was made from (held: its address is not reused)
-  const void* cast_data_ = nullptr;  // that weight's storage and version at the time
-  int64_t cast_version_ = -1;
+  // A cast copy (autocast's dtype) and what it was made from: the tensors (held, so that their
+  // addresses are not reused), their storage and their versions at the time.
+  struct CastCopy {
+    torch::Tensor weight, bias;
+    std::vector<torch::Tensor> sources;
+    std::vector<const void*> data;
+    std::vector<int64_t> versions;
+    // whether it holds a copy in `dtype` of exactly these tensors, unchanged since
+    bool made_from(const std::vector<torch::Tensor>& tensors, c10::ScalarType dtype) const;
+    void remember(const std::vector<torch::Tensor>& tensors);
+    void clear();
+  };
+  CastCopy cast_;  // autocast_weight()'s copy
   // fused_linear's concatenated weights (and biases) in autocast's dtype, held by the group's
-  // first layer under the same rule, and the weights and versions they were made from
+  // first layer under the same rule
   friend std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers,
                                                  const torch::Tensor& x);
-  torch::Tensor fused_cast_w_, fused_cast_b_;
-  std::vector<torch::Tensor> fused_sources_;
-  std::vector<int64_t> fused_versions_;
-  std::vector<const void*> fused_data_;
+  CastCopy fused_cast_;
 };
 TORCH_MODULE(Linear);
 
