@@ -41,7 +41,8 @@ TEST(SmallGemm, EveryKernelSetMatchesFloat64InBothLayoutsAndDtypes) {
   // rows, K, N: tails of every block (K not a multiple of 8 or 16, N not of the row blocks or
   // registers), one row, and the most rows
   const std::vector<std::array<int64_t, 3>> shapes = {{1, 5, 3},   {3, 37, 19},   {8, 130, 70},
-                                                      {5, 16, 33}, {2, 512, 100}, {7, 64, 48}};
+                                                      {5, 16, 33}, {2, 512, 100}, {7, 64, 48},
+                                                      {4, 33, 40}, {6, 96, 300}};
   for (const auto& isa : sets) {
     IsaScope pin(isa);
     for (auto dtype : {torch::kFloat, torch::kBFloat16})
