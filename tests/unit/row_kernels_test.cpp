@@ -227,6 +227,54 @@ TEST(RowKernels, RmsNormAndItsGradientsMatchFloat64OnEveryKernelSet) {
   EXPECT_LT(emoe::test::max_abs_diff(norm(x), via_kernels), 1e-5);
 }
 
+TEST(RowKernels, Bfloat16RmsNormWithoutGradientsMatchesHuggingFacesRoundings) {
+  // a bfloat16 model's RMSNorm when decoding: x * rstd rounded to bfloat16, then times the
+  // weight, rounded again (LlamaRMSNorm's order); against ATen's ops ("library") on every set
+  const auto sets = row_kernel_sets();
+  if (sets.empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::manual_seed(16);
+  for (const int64_t d : {int64_t{7}, int64_t{64}, int64_t{515}}) {
+    emoe::RMSNorm norm(d, 1e-5);
+    norm->to(torch::kBFloat16);
+    {
+      torch::NoGradGuard no_grad;
+      norm->weight.copy_(torch::randn({d}));
+    }
+    const auto x = (torch::randn({5, 9, d}) * 3).to(torch::kBFloat16);
+    torch::Tensor want;
+    {
+      RowIsaScope library("library");
+      EXPECT_FALSE(emoe::rms_norm_bf16_applies(x, norm->weight));
+      torch::NoGradGuard no_grad;
+      want = norm(x);
+    }
+    for (const auto& isa : sets) {
+      RowIsaScope pin(isa);
+      const auto what = isa + " d=" + std::to_string(d);
+      ASSERT_TRUE(emoe::rms_norm_bf16_applies(x, norm->weight)) << what;
+      torch::NoGradGuard no_grad;
+      const auto y = norm(x);
+      ASSERT_EQ(y.scalar_type(), torch::kBFloat16) << what;
+      // rstd's float32 sum runs in another order: a rounding may fall the other way, by one
+      // bfloat16 step of x * rstd (times the weight) at most
+      const auto x64 = x.to(torch::kDouble);
+      const auto n64 = x64 * torch::rsqrt(x64.pow(2).mean(-1, true) + 1e-5);
+      const auto diff = (y.to(torch::kDouble) - want.to(torch::kDouble)).abs();
+      const auto step =
+          (norm->weight.to(torch::kDouble).abs() * n64.abs() + want.to(torch::kDouble).abs()) *
+          std::ldexp(1.0, -7) * 1.01;
+      EXPECT_TRUE((diff <= step).all().item<bool>()) << what;
+      EXPECT_GE((diff == 0).to(torch::kDouble).mean().item<double>(), 0.99) << what;
+    }
+  }
+  // with gradients wanted, ATen's ops (the kernel has no backward for bfloat16)
+  emoe::RMSNorm norm(16, 1e-5);
+  norm->to(torch::kBFloat16);
+  auto y = norm(torch::randn({2, 16}).to(torch::kBFloat16));
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_NE(y.grad_fn()->name().find("Mul"), std::string::npos) << y.grad_fn()->name();
+}
+
 TEST(RowKernels, ColumnSumsMatchFloat64OnEveryKernelSet) {
   const auto sets = row_kernel_sets();
   if (sets.empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";

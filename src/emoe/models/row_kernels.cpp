@@ -380,24 +380,44 @@ bool rms_norm_applies(const at::Tensor& x, const at::Tensor& weight) {
          x.size(-1) == weight.size(0) && x.numel() > 0;
 }
 
-std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight,
-                                                   double eps) {
-  TORCH_CHECK(rms_norm_applies(x, weight), "rms_norm_forward: the kernels do not apply");
-  const int64_t d = x.size(-1), rows = x.numel() / d;
-  auto y = at::empty_like(x);
-  auto rstd = at::empty({rows}, x.options());
-  const Isa isa = current_isa();
-  const float* xp = x.data_ptr<float>();
-  const float* wp = weight.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  float* rp = rstd.data_ptr<float>();
-  const auto e = static_cast<float>(eps);
+bool rms_norm_bf16_applies(const at::Tensor& x, const at::Tensor& weight) {
+  return current_isa() != Isa::kNone && x.device().is_cpu() && x.scalar_type() == at::kBFloat16 &&
+         x.is_contiguous() && x.dim() >= 1 && weight.defined() && weight.dim() == 1 &&
+         weight.scalar_type() == at::kBFloat16 && weight.is_contiguous() &&
+         weight.device().is_cpu() && x.size(-1) == weight.size(0) && x.numel() > 0;
+}
+
+namespace {
+template <class T>
+void rms_norm_run(Isa isa, const T* xp, const T* wp, T* yp, float* rp, int64_t rows, int64_t d,
+                  float e) {
   at::parallel_for(
       0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / d), [&](int64_t b, int64_t f) {
         for (int64_t r = b; r < f; ++r)
           rp[r] = isa == Isa::kAvx512 ? avx512::rms_norm_row(xp + r * d, wp, yp + r * d, d, e)
                                       : avx2::rms_norm_row(xp + r * d, wp, yp + r * d, d, e);
       });
+}
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight,
+                                                   double eps) {
+  const bool bf16 = rms_norm_bf16_applies(x, weight);
+  TORCH_CHECK(bf16 || rms_norm_applies(x, weight), "rms_norm_forward: the kernels do not apply");
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  auto y = at::empty_like(x);
+  auto rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+  float* rp = rstd.data_ptr<float>();
+  const auto e = static_cast<float>(eps);
+  if (bf16) {
+    auto bits = [](const at::Tensor& t) {
+      return reinterpret_cast<uint16_t*>(t.data_ptr<c10::BFloat16>());
+    };
+    rms_norm_run<uint16_t>(current_isa(), bits(x), bits(weight), bits(y), rp, rows, d, e);
+  } else {
+    rms_norm_run<float>(current_isa(), x.data_ptr<float>(), weight.data_ptr<float>(),
+                        y.data_ptr<float>(), rp, rows, d, e);
+  }
   return {y, rstd};
 }
 

@@ -56,6 +56,9 @@ at::Tensor gelu_erf_backward(const at::Tensor& x, const at::Tensor& grad_out);
 // float32 x and weight on the CPU (x contiguous) while kernels are in use (rms_norm_applies):
 // forward gives (y, rstd [rows]); backward (d x, d weight) from the incoming gradient.
 bool rms_norm_applies(const at::Tensor& x, const at::Tensor& weight);
+// bfloat16 x and weight (forward only, no backward kernel): rms_norm_forward rounds x * rstd to
+// bfloat16 before the weight's product, as Hugging Face's LlamaRMSNorm does
+bool rms_norm_bf16_applies(const at::Tensor& x, const at::Tensor& weight);
 std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight,
                                                    double eps);
 std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x, const at::Tensor& weight,
