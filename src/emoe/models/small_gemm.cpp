@@ -113,6 +113,7 @@ inline __attribute__((always_inline)) void dot_step(__m512 (&acc)[16], const uin
   for (int i = 0; i < MR; ++i) xv[i] = _mm512_maskz_loadu_epi16(mask, x + (m0 + i) * K + k);
 #pragma GCC unroll 16
   for (int j = 0; j < NR; ++j) {
+    if (MR > 1) _mm_prefetch(reinterpret_cast<const char*>(w + (n0 + NR + j) * K + k), _MM_HINT_T0);
     const __m512i wv = _mm512_maskz_loadu_epi16(mask, w + (n0 + j) * K + k);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i)
