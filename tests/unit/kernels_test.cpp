@@ -1037,11 +1037,26 @@ TEST(LinearAutocast, InferenceKeepsOneCastWhileTheWeightIsUnchangedAndTrainingDr
   };
   {
     torch::NoGradGuard no_grad;
+    const int64_t products = emoe::onednn_product_count();
     auto y = q->forward(x);
     ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
     EXPECT_TRUE(torch::equal(y, reference(q)));
+    // on oneDNN with the bias in its epilogue (autocast_inference_linear) where it has bfloat16
+    if (emoe::matmul_backend_name().find("bf16") != std::string::npos)
+      EXPECT_GT(emoe::onednn_product_count(), products);
     ASSERT_TRUE(q->holds_cast());
     EXPECT_TRUE(q->autocast_weight().is_same(q->autocast_weight()));  // made once
+    {  // at a size where oneDNN blocks K (a layer of 768 inputs), the same rounding
+      emoe::LinearOptions wide;
+      wide.in = 768;
+      wide.out = 96;
+      emoe::Linear l(wide);
+      l->bias.normal_();
+      const auto xw = torch::randn({4, 33, 768});
+      EXPECT_TRUE(torch::equal(
+          l->forward(xw), torch::linear(xw.to(torch::kBFloat16), l->weight.to(torch::kBFloat16),
+                                        l->bias.to(torch::kBFloat16))));
+    }
     q->weight.mul_(-1);  // a changed weight: a new copy
     EXPECT_TRUE(torch::equal(q->forward(x), reference(q)));
     // q, k and v fused: one concatenation, kept by q, remade when any weight or bias changes

@@ -130,7 +130,11 @@ torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) {
   // float32 on an AVX-512 CPU: oneDNN's kernels, keeping only what the gradients need
   if (onednn_matmul_enabled(x) || autocast_linear_applies(x, weight, bias))
     return emoe::linear(x, weight_out_in(), bias);
-  const auto w = autocast_weight();  // [out, in]
+  const auto w = autocast_weight();               // [out, in]
+  if (w.scalar_type() != weight.scalar_type()) {  // inference under autocast, on the cast copy
+    auto y = autocast_inference_linear(x, w, bias);
+    if (y.defined()) return y;
+  }
   if (frozen_with_input_grad(x, weight, bias))
     return FrozenLinearFn::apply(x, w, bias.defined() ? bias : torch::empty({0}, weight.options()));
   if (!options_.transposed) return torch::linear(x, w, bias);
@@ -243,7 +247,9 @@ std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers,
     copy.bias = biases.empty() ? torch::Tensor() : torch::cat(biases, 0).to(*dtype);
     copy.remember(sources);
   }
-  return torch::linear(x, copy.weight, copy.bias).split_with_sizes(sizes, -1);
+  auto y = autocast_inference_linear(x, copy.weight, copy.bias);
+  if (!y.defined()) y = torch::linear(x, copy.weight, copy.bias);
+  return y.split_with_sizes(sizes, -1);
 }
 
 void LinearImpl::set_adapter(std::shared_ptr<LinearAdapter> adapter) {

@@ -559,6 +559,36 @@ bool autocast_linear_applies(const at::Tensor& x, const at::Tensor& weight,
 #endif
 }
 
+at::Tensor autocast_inference_linear(const at::Tensor& x, const at::Tensor& weight,
+                                     const at::Tensor& bias) {
+#ifdef EMOE_HAVE_ONEDNN
+  const bool grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
+                                                   (bias.defined() && bias.requires_grad()));
+  if (grad || !emoe::autocast_enabled(at::kCPU) ||
+      emoe::autocast_dtype(at::kCPU) != at::kBFloat16 || !weight.defined() || weight.dim() != 2 ||
+      weight.scalar_type() != at::kBFloat16 || !weight.device().is_cpu() || !x.defined() ||
+      x.dim() < 1 || !x.device().is_cpu() || x.size(-1) != weight.size(1) || x.numel() == 0 ||
+      (x.scalar_type() != at::kFloat && x.scalar_type() != at::kBFloat16) ||
+      (bias.defined() &&
+       (!bias.device().is_cpu() || bias.dim() != 1 || bias.size(0) != weight.size(0) ||
+        (bias.scalar_type() != at::kFloat && bias.scalar_type() != at::kBFloat16))) ||
+      !has_isa(dnnl::cpu_isa::avx512_core_bf16))
+    return at::Tensor();
+  RECORD_FUNCTION("emoe::autocast_inference_linear", std::vector<c10::IValue>());
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  const auto x2 = x.reshape({-1, in}).to(at::kBFloat16);
+  auto y = at::empty({x2.size(0), out_features}, x2.options());
+  gemm_out(y, x2, weight.t(), bias.defined() ? bias.to(at::kBFloat16) : at::Tensor());
+  auto shape = x.sizes().vec();
+  shape.back() = out_features;
+  return y.view(shape);
+#else
+  (void)x, (void)weight, (void)bias;
+  return at::Tensor();
+#endif
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (autocast_linear_applies(x, weight, bias))
     return AutocastLinearFn::apply(x, weight,

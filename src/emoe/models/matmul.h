@@ -55,6 +55,12 @@ void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
 // float32 weight that wants a gradient (autocast_linear_applies): the products in bfloat16 as
 // autocast's linear, the weight's and bias's gradients summed straight into float32.
 bool autocast_linear_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// Inference under CPU bf16 autocast with a bfloat16 weight (a layer's cast copy) where nothing
+// needs a gradient: x and the bias rounded to bfloat16 as autocast's linear rounds them, the
+// product on oneDNN with the bias added in its epilogue (ATen's addmm first copies the bias into
+// every row of the output, then multiplies). Undefined where it does not apply.
+at::Tensor autocast_inference_linear(const at::Tensor& x, const at::Tensor& weight,
+                                     const at::Tensor& bias);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 // a @ b with autograd for a [..., M, K], b [..., K, N] with equal leading dims; falls back to
