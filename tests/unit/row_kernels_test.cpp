@@ -275,6 +275,65 @@ TEST(RowKernels, Bfloat16RmsNormWithoutGradientsMatchesHuggingFacesRoundings) {
   EXPECT_NE(y.grad_fn()->name().find("Mul"), std::string::npos) << y.grad_fn()->name();
 }
 
+TEST(RowKernels, ResidualLayerNormAndItsGradientsMatchFloat64OnEveryKernelSet) {
+  // LayerNorm(a + r) as BERT's post-norm blocks call it: a float32, or bfloat16 (a linear's output
+  // under autocast) with its gradient rounded to bfloat16 once; r, the weight and the bias float32
+  const auto sets = row_kernel_sets();
+  if (sets.empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::manual_seed(17);
+  for (const auto& isa : sets) {
+    RowIsaScope pin(isa);
+    for (const auto a_dtype : {torch::kFloat, torch::kBFloat16})
+      for (const int64_t d : {int64_t{7}, int64_t{64}, int64_t{515}}) {
+        const auto what =
+            isa + (a_dtype == torch::kFloat ? " float32" : " bfloat16") + " d=" + std::to_string(d);
+        emoe::LayerNorm norm(d, 1e-12);
+        {
+          torch::NoGradGuard no_grad;
+          norm->weight.copy_(torch::randn({d}));
+          norm->bias.copy_(torch::randn({d}));
+        }
+        auto a = (torch::randn({3, 11, d}) * 2 + 1).to(a_dtype).requires_grad_(true);
+        auto r = torch::randn({3, 11, d}).requires_grad_(true);
+        auto dy = torch::randn({3, 11, d});
+        ASSERT_TRUE(emoe::add_layer_norm_applies(a, r, norm->weight, norm->bias)) << what;
+        auto y = norm->forward_residual(a, r);
+        ASSERT_EQ(y.scalar_type(), torch::kFloat) << what;
+        ASSERT_NE(y.grad_fn()->name().find("AddLayerNorm"), std::string::npos) << what;
+        auto g = torch::autograd::grad({y}, {a, r, norm->weight, norm->bias}, {dy});
+        auto a64 = a.detach().to(torch::kDouble).requires_grad_(true);
+        auto r64 = r.detach().to(torch::kDouble).requires_grad_(true);
+        auto w64 = norm->weight.detach().to(torch::kDouble).requires_grad_(true);
+        auto b64 = norm->bias.detach().to(torch::kDouble).requires_grad_(true);
+        auto y64 = torch::layer_norm(a64 + r64, {d}, w64, b64, 1e-12);
+        auto want = torch::autograd::grad({y64}, {a64, r64, w64, b64}, {dy.to(torch::kDouble)});
+        auto rel = [](const torch::Tensor& x, const torch::Tensor& ref) {
+          return (x.to(torch::kDouble) - ref).abs().max().item<double>() /
+                 ref.abs().max().item<double>();
+        };
+        EXPECT_LT(rel(y, y64.detach()), 1e-6) << what;
+        // a's gradient in a's dtype: rounded to bfloat16 once
+        EXPECT_EQ(g[0].scalar_type(), a_dtype) << what;
+        EXPECT_LT(rel(g[0], want[0]), a_dtype == torch::kFloat ? 1e-5 : std::ldexp(1.0, -8))
+            << what;
+        EXPECT_LT(rel(g[1], want[1]), 1e-5) << what;
+        EXPECT_LT(rel(g[2], want[2]), 1e-5) << what;
+        EXPECT_LT(rel(g[3], want[3]), 1e-5) << what;
+        // without gradients: the same output (no sum kept)
+        torch::NoGradGuard no_grad;
+        EXPECT_TRUE(torch::equal(norm->forward_residual(a, r), y.detach())) << what;
+      }
+  }
+  // elsewhere the sum and ATen's layer_norm: a bfloat16 residual, ATen's ops pinned
+  emoe::LayerNorm norm(8, 1e-12);
+  const auto a = torch::randn({4, 8});
+  EXPECT_FALSE(emoe::add_layer_norm_applies(a, a.to(torch::kBFloat16), norm->weight, norm->bias));
+  const auto via_kernels = norm->forward_residual(a, a * 2);
+  RowIsaScope library("library");
+  EXPECT_FALSE(emoe::add_layer_norm_applies(a, a, norm->weight, norm->bias));
+  EXPECT_LT(emoe::test::max_abs_diff(norm->forward_residual(a, a * 2), via_kernels), 1e-5);
+}
+
 TEST(RowKernels, ColumnSumsMatchFloat64OnEveryKernelSet) {
   const auto sets = row_kernel_sets();
   if (sets.empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";

@@ -101,10 +101,10 @@ class BertLayerImpl : public torch::nn::Module, public FfnSlot {
                                             c_.attention_probs_dropout_prob, is_training(), probs));
     auto a = attn_dense_(ctx);
     a = emoe::dropout(a, c_.hidden_dropout_prob, is_training());
-    auto h = attn_norm_(a + x);
+    auto h = attn_norm_->forward_residual(a, x);
     auto f = run_ffn(h, token_mask);
     f = emoe::dropout(f, c_.hidden_dropout_prob, is_training());
-    return out_norm_(f + h);
+    return out_norm_->forward_residual(f, h);
   }
 
   torch::Tensor ffn_hidden(const torch::Tensor& x) override {

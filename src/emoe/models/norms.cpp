@@ -21,6 +21,44 @@ torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
   return torch::layer_norm(x, {dim_}, weight, bias, eps_);
 }
 
+namespace {
+
+// LayerNorm(a + r) through the row kernels, keeping s = a + r and two floats per row for the
+// backward pass (what layer_norm keeps of its input), instead of the add's output, its mixed-dtype
+// copies under autocast and layer_norm's separate passes each way
+class AddLayerNormFn : public torch::autograd::Function<AddLayerNormFn> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a,
+                            const at::Tensor& r, const at::Tensor& weight, const at::Tensor& bias,
+                            double eps) {
+    RECORD_FUNCTION("emoe::add_layer_norm", std::vector<c10::IValue>());
+    const bool grad =
+        a.requires_grad() || r.requires_grad() || weight.requires_grad() || bias.requires_grad();
+    auto out = add_layer_norm_forward(a, r, weight, bias, eps, grad);
+    if (grad) {
+      ctx->save_for_backward({out[1], out[2], out[3], weight});
+      ctx->saved_data["a_dtype"] = static_cast<int64_t>(a.scalar_type());
+    }
+    return out[0];
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    RECORD_FUNCTION("emoe::add_layer_norm_backward", std::vector<c10::IValue>());
+    const auto s = ctx->get_saved_variables();
+    const auto a_dtype = static_cast<at::ScalarType>(ctx->saved_data["a_dtype"].toInt());
+    auto g = add_layer_norm_backward(s[0], s[1], s[2], s[3], grads[0], a_dtype);
+    return {g[0], g[1], g[2], g[3], at::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor LayerNormImpl::forward_residual(const torch::Tensor& a, const torch::Tensor& r) {
+  if (add_layer_norm_applies(a, r, weight, bias))
+    return AddLayerNormFn::apply(a, r, weight, bias, eps_);
+  return forward(a + r);
+}
+
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({dim}));
 }

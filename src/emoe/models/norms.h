@@ -9,6 +9,9 @@ class LayerNormImpl : public torch::nn::Module {
  public:
   LayerNormImpl(int64_t dim, double eps);
   torch::Tensor forward(const torch::Tensor& x);
+  // forward(a + r) for a residual r (a post-norm block), in one pass each way where the row
+  // kernels apply (add_layer_norm_applies), else as written
+  torch::Tensor forward_residual(const torch::Tensor& a, const torch::Tensor& r);
   torch::Tensor weight, bias;
 
  private:

@@ -450,6 +450,115 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x, const a
   return {dx, partial.sum(0)};
 }
 
+bool add_layer_norm_applies(const at::Tensor& a, const at::Tensor& r, const at::Tensor& weight,
+                            const at::Tensor& bias) {
+  auto plain_float = [](const at::Tensor& t) {
+    return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
+  };
+  return current_isa() != Isa::kNone && a.defined() && a.device().is_cpu() &&
+         (a.scalar_type() == at::kFloat || a.scalar_type() == at::kBFloat16) && a.is_contiguous() &&
+         plain_float(r) && a.sizes() == r.sizes() && a.dim() >= 1 && a.numel() > 0 &&
+         plain_float(weight) && plain_float(bias) && weight.dim() == 1 && bias.dim() == 1 &&
+         weight.size(0) == a.size(-1) && bias.size(0) == a.size(-1);
+}
+
+namespace {
+template <class A>
+void add_layer_norm_run(Isa isa, const A* a, const float* r, const float* g, const float* b,
+                        float* s, float* y, float* mean, float* rstd, int64_t rows, int64_t d,
+                        float eps) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / d),
+                   [&](int64_t b0, int64_t b1) {
+                     std::vector<float> scratch(s ? 0 : static_cast<size_t>(d));
+                     for (int64_t i = b0; i < b1; ++i) {
+                       float* si = s ? s + i * d : scratch.data();
+                       if (isa == Isa::kAvx512)
+                         avx512::add_layer_norm_row(a + i * d, r + i * d, g, b, si, y + i * d, d,
+                                                    eps, mean + i, rstd + i);
+                       else
+                         avx2::add_layer_norm_row(a + i * d, r + i * d, g, b, si, y + i * d, d, eps,
+                                                  mean + i, rstd + i);
+                     }
+                   });
+}
+
+template <class A>
+void add_layer_norm_backward_run(Isa isa, const float* s, const float* g, const float* dy,
+                                 const float* mean, const float* rstd, A* da, float* dr,
+                                 float* partial, int64_t rows, int64_t d) {
+  at::parallel_for(
+      0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / d), [&](int64_t b0, int64_t b1) {
+        float* dg = partial + at::get_thread_num() * 2 * d;
+        float* db = dg + d;
+        for (int64_t i = b0; i < b1; ++i) {
+          if (isa == Isa::kAvx512)
+            avx512::add_layer_norm_row_backward(s + i * d, g, dy + i * d, mean[i], rstd[i],
+                                                da + i * d, dr + i * d, dg, db, d);
+          else
+            avx2::add_layer_norm_row_backward(s + i * d, g, dy + i * d, mean[i], rstd[i],
+                                              da + i * d, dr + i * d, dg, db, d);
+        }
+      });
+}
+
+uint16_t* bf16_bits(const at::Tensor& t) {
+  return reinterpret_cast<uint16_t*>(t.data_ptr<c10::BFloat16>());
+}
+}  // namespace
+
+std::vector<at::Tensor> add_layer_norm_forward(const at::Tensor& a, const at::Tensor& r,
+                                               const at::Tensor& weight, const at::Tensor& bias,
+                                               double eps, bool keep_sum) {
+  TORCH_CHECK(add_layer_norm_applies(a, r, weight, bias),
+              "add_layer_norm_forward: the kernels do not apply");
+  const int64_t d = a.size(-1), rows = a.numel() / d;
+  auto y = at::empty_like(r);
+  auto s = keep_sum ? at::empty_like(r) : at::Tensor();
+  auto mean = at::empty({rows}, r.options());
+  auto rstd = at::empty({rows}, r.options());
+  float* sp = keep_sum ? s.data_ptr<float>() : nullptr;
+  const auto e = static_cast<float>(eps);
+  if (a.scalar_type() == at::kBFloat16)
+    add_layer_norm_run<uint16_t>(current_isa(), bf16_bits(a), r.data_ptr<float>(),
+                                 weight.data_ptr<float>(), bias.data_ptr<float>(), sp,
+                                 y.data_ptr<float>(), mean.data_ptr<float>(),
+                                 rstd.data_ptr<float>(), rows, d, e);
+  else
+    add_layer_norm_run<float>(current_isa(), a.data_ptr<float>(), r.data_ptr<float>(),
+                              weight.data_ptr<float>(), bias.data_ptr<float>(), sp,
+                              y.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
+                              rows, d, e);
+  return {y, s, mean, rstd};
+}
+
+std::vector<at::Tensor> add_layer_norm_backward(const at::Tensor& s, const at::Tensor& mean,
+                                                const at::Tensor& rstd, const at::Tensor& weight,
+                                                const at::Tensor& grad_out,
+                                                at::ScalarType a_dtype) {
+  TORCH_CHECK(current_isa() != Isa::kNone && s.is_contiguous() && s.scalar_type() == at::kFloat &&
+                  (a_dtype == at::kFloat || a_dtype == at::kBFloat16),
+              "add_layer_norm_backward: the kernels do not apply");
+  const int64_t d = s.size(-1), rows = s.numel() / d;
+  const auto dy = grad_out.to(at::kFloat).contiguous();
+  auto dr = at::empty_like(s);
+  auto da = at::empty_like(s, s.options().dtype(a_dtype));
+  // the weight's and bias's gradients: a partial sum per thread, added at the end
+  auto partial = at::zeros({at::get_num_threads(), 2, d}, s.options());
+  const Isa isa = current_isa();
+  if (a_dtype == at::kBFloat16)
+    add_layer_norm_backward_run<uint16_t>(isa, s.data_ptr<float>(), weight.data_ptr<float>(),
+                                          dy.data_ptr<float>(), mean.data_ptr<float>(),
+                                          rstd.data_ptr<float>(), bf16_bits(da),
+                                          dr.data_ptr<float>(), partial.data_ptr<float>(), rows, d);
+  else
+    add_layer_norm_backward_run<float>(isa, s.data_ptr<float>(), weight.data_ptr<float>(),
+                                       dy.data_ptr<float>(), mean.data_ptr<float>(),
+                                       rstd.data_ptr<float>(), da.data_ptr<float>(),
+                                       dr.data_ptr<float>(), partial.data_ptr<float>(), rows, d);
+  const auto sums = partial.sum(0);
+  return {da, dr, sums[0], sums[1]};
+}
+
 bool column_sum_applies(const at::Tensor& g) {
   return current_isa() != Isa::kNone && g.device().is_cpu() && g.dim() == 2 && g.stride(1) == 1 &&
          (g.scalar_type() == at::kFloat || g.scalar_type() == at::kBFloat16);

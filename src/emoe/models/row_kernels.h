@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace emoe {
 
@@ -51,6 +52,20 @@ std::pair<at::Tensor, at::Tensor> silu_mul_backward(const at::Tensor& gate, cons
 bool gelu_erf_applies(const at::Tensor& x);
 at::Tensor gelu_erf_forward(const at::Tensor& x);
 at::Tensor gelu_erf_backward(const at::Tensor& x, const at::Tensor& grad_out);
+
+// LayerNorm of a residual sum, y = LayerNorm(a + r) (BERT's post-norm), in one pass each way: a
+// float32 or bfloat16 (a linear's output under bf16 autocast), r, weight and bias float32, a and
+// r contiguous of one shape, on the CPU while kernels are in use. The sum and the statistics in
+// float32 (as autocast's float32 add and layer_norm); forward gives {y, s = a + r (undefined
+// without keep_sum), mean, rstd [rows]}; backward {d a (a's dtype), d r, d weight, d bias}.
+bool add_layer_norm_applies(const at::Tensor& a, const at::Tensor& r, const at::Tensor& weight,
+                            const at::Tensor& bias);
+std::vector<at::Tensor> add_layer_norm_forward(const at::Tensor& a, const at::Tensor& r,
+                                               const at::Tensor& weight, const at::Tensor& bias,
+                                               double eps, bool keep_sum);
+std::vector<at::Tensor> add_layer_norm_backward(const at::Tensor& s, const at::Tensor& mean,
+                                                const at::Tensor& rstd, const at::Tensor& weight,
+                                                const at::Tensor& grad_out, at::ScalarType a_dtype);
 
 // RMSNorm y = weight * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps) over the last dimension, for
 // float32 x and weight on the CPU (x contiguous) while kernels are in use (rms_norm_applies):
