@@ -616,4 +616,41 @@ TEST(AutocastLinear, GivesAutocastsOutputAndFloat32WeightGradients) {
   emoe::set_autocast_enabled(at::kCPU, true);
 }
 
+// Attention's products under bf16 autocast (emoe::matmul): autocast's values and gradients, in the
+// inputs' dtypes, on the heads' strided views without copying them; the output bit-equal to the
+// product of the bfloat16-rounded inputs summed in float64 and rounded once (to a step).
+TEST(AutocastMatmul, GivesAutocastsProductAndGradientsOnStridedHeadViews) {
+  torch::manual_seed(10);
+  // q: float32 (as after RoPE in float32), heads split from [B, T, H * d] as split_heads does
+  auto q_flat = torch::randn({2, 37, 4 * 24}, torch::requires_grad());
+  auto k = torch::randn({2, 4, 24, 41}).to(torch::kBFloat16).requires_grad_(true);
+  auto dy = torch::randn({2, 4, 37, 41}).to(torch::kBFloat16);
+  emoe::PrecisionScope bf16(emoe::Precision::kBf16Mixed, torch::kCPU);
+  auto q = q_flat.view({2, 37, 4, 24}).transpose(1, 2);
+  ASSERT_FALSE(q.is_contiguous());
+  auto y = emoe::matmul(q, k);
+  auto ref = torch::matmul(q, k);  // autocast's
+  ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
+  if (y.grad_fn()->name().find("AutocastMatmul") == std::string::npos)
+    GTEST_SKIP() << "no oneDNN bfloat16 products on this CPU (autocast's own matmul ran)";
+  const double scale = ref.abs().max().item<double>();
+  EXPECT_LT(emoe::test::max_abs_diff(y.to(torch::kFloat), ref.to(torch::kFloat)), 1e-2 * scale);
+  auto g = torch::autograd::grad({y}, {q_flat, k}, {dy});
+  auto gr = torch::autograd::grad({ref}, {q_flat, k}, {dy});
+  ASSERT_EQ(g[0].scalar_type(), torch::kFloat);
+  ASSERT_EQ(g[1].scalar_type(), torch::kBFloat16);
+  for (int i = 0; i < 2; ++i)
+    EXPECT_LT(emoe::test::max_abs_diff(g[i].to(torch::kFloat), gr[i].to(torch::kFloat)),
+              1e-2 * gr[i].abs().max().item<double>())
+        << i;
+  // against float64: within one bfloat16 rounding of the exact sum
+  emoe::set_autocast_enabled(at::kCPU, false);
+  const auto exact = torch::matmul(q.detach().to(torch::kBFloat16).to(torch::kDouble),
+                                   k.detach().to(torch::kDouble));
+  EXPECT_TRUE(((y.to(torch::kDouble) - exact).abs() <= exact.abs() * std::ldexp(1.0, -8) + 1e-6)
+                  .all()
+                  .item<bool>());
+  emoe::set_autocast_enabled(at::kCPU, true);
+}
+
 }  // namespace

@@ -446,6 +446,68 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
   }
 };
 
+#ifdef EMOE_HAVE_ONEDNN
+// a @ b under CPU bf16 autocast: the product in bfloat16 as autocast's matmul (inputs rounded to
+// bfloat16, a bfloat16 output, the gradients computed in bfloat16 and returned in the inputs'
+// dtypes), on oneDNN over the heads' strided views as they are: autocast's matmul copies
+// attention's [B, H, T, d] views into contiguous batches first (reshape), and again backwards.
+class AutocastMatmulFn : public torch::autograd::Function<AutocastMatmulFn> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& a,
+                               const torch::Tensor& b) {
+    RECORD_FUNCTION("emoe::autocast_matmul", std::vector<c10::IValue>());
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    const auto a16 = a.to(at::kBFloat16), b16 = b.to(at::kBFloat16);
+    auto shape = a.sizes().vec();
+    shape.back() = b.size(-1);
+    auto out = at::empty(shape, a16.options());
+    gemm_out(out, a16, b16);
+    ctx->save_for_backward(
+        {b.requires_grad() ? a16 : at::Tensor(), a.requires_grad() ? b16 : at::Tensor()});
+    ctx->saved_data["a_dtype"] = static_cast<int64_t>(a.scalar_type());
+    ctx->saved_data["b_dtype"] = static_cast<int64_t>(b.scalar_type());
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    auto saved = ctx->get_saved_variables();
+    const auto& a = saved[0];
+    const auto& b = saved[1];
+    const auto g = grads[0].to(at::kBFloat16);
+    at::Tensor ga, gb;
+    if (ctx->needs_input_grad(0)) {
+      auto shape = g.sizes().vec();
+      shape.back() = b.size(-2);
+      ga = at::empty(shape, g.options());
+      gemm_out(ga, g, b.transpose(-2, -1));
+      ga = ga.to(static_cast<at::ScalarType>(ctx->saved_data["a_dtype"].toInt()));
+    }
+    if (ctx->needs_input_grad(1)) {
+      auto shape = a.sizes().vec();
+      shape[shape.size() - 2] = a.size(-1);
+      shape.back() = g.size(-1);
+      gb = at::empty(shape, g.options());
+      gemm_out(gb, a.transpose(-2, -1), g);
+      gb = gb.to(static_cast<at::ScalarType>(ctx->saved_data["b_dtype"].toInt()));
+    }
+    return {ga, gb};
+  }
+};
+
+bool autocast_matmul_applies(const at::Tensor& a, const at::Tensor& b) {
+  auto ok = [](const at::Tensor& t) {
+    return t.defined() && t.device().is_cpu() &&
+           (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
+  };
+  return emoe::autocast_enabled(at::kCPU) && emoe::autocast_dtype(at::kCPU) == at::kBFloat16 &&
+         ok(a) && ok(b) && a.dim() >= 3 && a.dim() == b.dim() && a.size(-1) == b.size(-2) &&
+         a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2) &&
+         has_isa(dnnl::cpu_isa::avx512_core_bf16);
+}
+
+#endif
+
 bool all_float_cpu(std::initializer_list<const at::Tensor*> ts) {
   for (const auto* t : ts)
     if (t->defined() && (t->scalar_type() != at::kFloat || !t->device().is_cpu())) return false;
@@ -599,6 +661,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 }
 
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
+#ifdef EMOE_HAVE_ONEDNN
+  if (autocast_matmul_applies(a, b)) return AutocastMatmulFn::apply(a, b);
+#endif
   if (!onednn_matmul_enabled(a) || !all_float_cpu({&b}) || a.dim() < 2 || a.dim() != b.dim() ||
       a.sizes().slice(0, a.dim() - 2) != b.sizes().slice(0, b.dim() - 2))
     return torch::matmul(a, b);
