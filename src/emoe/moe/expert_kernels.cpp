@@ -368,9 +368,21 @@ void scatter_gemm(const float* h, const int64_t* tokens, const std::vector<int64
       });
 }
 
+namespace {
+
+// a [rows, cols] tile (row stride kTileCols) into w[kk·w_k + c·w_c]: for destinations whose
+// columns are not contiguous (the gradient of a [E·s, d] weight, w_k 1: each column's rows are)
+void store_tile_strided(const float* tile, int64_t rows, int64_t cols, float* w, int64_t w_k,
+                        int64_t w_c) {
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t kk = 0; kk < rows; ++kk) w[kk * w_k + c * w_c] = tile[kk * kTileCols + c];
+}
+
+}  // namespace
+
 void gather_weight_grad(const float* x, int64_t ldx, int64_t k, const int64_t* tokens,
                         const std::vector<int64_t>& counts, int64_t s, const float* h, float* w,
-                        int64_t ldw) {
+                        int64_t w_k, int64_t w_c) {
   RECORD_FUNCTION("emoe::expert_weight_grad", std::vector<c10::IValue>());
   // tiles: expert, column chunk, block of kTileRows columns of x — consecutive blocks share the
   // cache lines of the gathered rows. (Splitting an expert's rows into chunks that stay in L1
@@ -387,13 +399,17 @@ void gather_weight_grad(const float* x, int64_t ldx, int64_t k, const int64_t* t
       static_cast<int64_t>(tiles.size()),
       [&](int64_t i) { return 1.0 + static_cast<double>(counts[tiles[i].expert]); },
       [&](int64_t t0, int64_t t1) {
+        alignas(64) float buf[kTileRows * kTileCols];  // a tile, where w's columns are strided
         for (int64_t t = t0; t < t1; ++t) {
           const auto& tile = tiles[t];
-          const auto ch = column_chunk(std::min(kTileCols, s - tile.c0));
+          const int64_t cols = std::min(kTileCols, s - tile.c0);
+          const auto ch = column_chunk(cols);
           const int64_t rows = std::min<int64_t>(kTileRows, k - tile.k0);
+          float* dst = w + tile.k0 * w_k + (tile.expert * s + tile.c0) * w_c;
           kWgradTiles[rows - 1][ch.nv - 1](x + tile.k0, ldx, tokens + tile.row, counts[tile.expert],
                                            h + tile.row * s + tile.c0, s, ch.tail,
-                                           w + tile.k0 * ldw + tile.expert * s + tile.c0, ldw);
+                                           w_c == 1 ? dst : buf, w_c == 1 ? w_k : kTileCols);
+          if (w_c != 1) store_tile_strided(buf, rows, cols, dst, w_k, w_c);
         }
       });
 }
@@ -450,7 +466,7 @@ void scatter_gemm_bf16(const uint16_t* h, const int64_t* tokens, const std::vect
 
 void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
                              const std::vector<int64_t>& counts, int64_t s, const uint16_t* h,
-                             float* w, int64_t ldw) {
+                             float* w, int64_t w_k, int64_t w_c) {
   RECORD_FUNCTION("emoe::expert_weight_grad_bf16", std::vector<c10::IValue>());
   const int64_t e = static_cast<int64_t>(counts.size());
   // h's rows of each expert packed in pairs: expert j's [ceil(m_j/2), s] block at offset[j]
@@ -476,17 +492,21 @@ void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const in
       static_cast<int64_t>(tiles.size()),
       [&](int64_t i) { return 1.0 + static_cast<double>(counts[tiles[i].expert]); },
       [&](int64_t t0, int64_t t1) {
-        auto at = words((most + 1) / 2 * kTileRows);  // this thread's interleaved token rows
+        auto at = words((most + 1) / 2 * kTileRows);   // this thread's interleaved token rows
+        alignas(64) float buf[kTileRows * kTileCols];  // a tile, where w's columns are strided
         for (int64_t t = t0; t < t1; ++t) {
           const auto& tile = tiles[t];
           const int64_t m = counts[tile.expert], pairs = (m + 1) / 2;
           const int r = static_cast<int>(std::min<int64_t>(kTileRows, k - tile.k0));
           interleave_rows_bf16(x + tile.k0, ldx, tokens + first[tile.expert], m, r, at.get());
           for (int64_t c0 = 0; c0 < s; c0 += kTileCols) {
-            const auto ch = column_chunk(std::min(kTileCols, s - c0));
+            const int64_t cols = std::min(kTileCols, s - c0);
+            const auto ch = column_chunk(cols);
+            float* dst = w + tile.k0 * w_k + (tile.expert * s + c0) * w_c;
             kWgradTilesBf16[r - 1][ch.nv - 1](at.get(), pairs,
                                               packed.get() + offset[tile.expert] + c0, s, ch.tail,
-                                              w + tile.k0 * ldw + tile.expert * s + c0, ldw);
+                                              w_c == 1 ? dst : buf, w_c == 1 ? w_k : kTileCols);
+            if (w_c != 1) store_tile_strided(buf, r, cols, dst, w_k, w_c);
           }
         }
       });

@@ -33,10 +33,11 @@ void scatter_gemm(const float* h, const int64_t* tokens, const std::vector<int64
                   int64_t s, const float* b, int64_t ldb, int64_t n, float* y, int64_t ldy);
 
 // w_j[kk][c] = Σ over the rows r of expert j of x[tokens[r], kk] · h[r, c], written into
-// w[kk·ldw + j·s + c] (w_j a [k, s] block of columns of w); zero for an expert without rows.
+// w[kk·w_k + (j·s + c)·w_c] (w_j a [k, s] block of columns of w; any strides, so that the gradient
+// of a [E·s, d] weight is written in place, w_k 1, w_c d); zero for an expert without rows.
 void gather_weight_grad(const float* x, int64_t ldx, int64_t k, const int64_t* tokens,
                         const std::vector<int64_t>& counts, int64_t s, const float* h, float* w,
-                        int64_t ldw);
+                        int64_t w_k, int64_t w_c);
 
 // bfloat16 (AVX-512 BF16: vdpbf16ps): inputs and weights in bf16 (given as their bits), products
 // exact and summed in float32. The weights are addressed through two strides and packed per call
@@ -56,11 +57,12 @@ void scatter_gemm_bf16(const uint16_t* h, const int64_t* tokens, const std::vect
                        int64_t s, const uint16_t* b, int64_t b_k, int64_t b_c, int64_t n, float* y,
                        int64_t ldy);
 
-// w[kk·ldw + j·s + c] = Σ over the rows r of expert j of x[tokens[r], kk] · h[r, c], in float32;
-// zero for an expert without rows. h is [rows, s], contiguous.
+// w[kk·w_k + (j·s + c)·w_c] = Σ over the rows r of expert j of x[tokens[r], kk] · h[r, c], in
+// float32 (any strides, as gather_weight_grad); zero for an expert without rows. h is [rows, s],
+// contiguous.
 void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
                              const std::vector<int64_t>& counts, int64_t s, const uint16_t* h,
-                             float* w, int64_t ldw);
+                             float* w, int64_t w_k, int64_t w_c);
 
 // bfloat16 on AMX tiles (amx_bf16: tdpbf16ps, 16 x 16 float32 accumulators over 16 x 32 bf16
 // operands): the same three products with the same arguments and layouts as the *_bf16 kernels
