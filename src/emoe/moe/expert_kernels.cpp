@@ -434,10 +434,32 @@ void gather_gemm_bf16(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* 
   RECORD_FUNCTION("emoe::expert_gather_gemm_bf16", std::vector<c10::IValue>());
   const int64_t e = static_cast<int64_t>(counts.size()), pairs = (k + 1) / 2;
   auto packed = words(e * pairs * s);  // expert j's [pairs, s] panel at j·pairs·s, pairs along k
-  at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j)
-      pack_pairs(b + j * s * b_c, k, s, b_k, b_c, packed.get() + j * pairs * s, s);
-  });
+  if (b_c == 1) {
+    // the experts' blocks side by side in each row of b ([k, E·s] rows): two whole rows at a time
+    // into every expert's panel, where packing expert by expert walked all k rows E times, s
+    // elements each (the backward pass's w_out: 1.25 ms per BERT-base layer)
+    at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const uint16_t* lo = b + 2 * p * b_k;
+        const uint16_t* hi = 2 * p + 1 < k ? lo + b_k : nullptr;
+        for (int64_t j = 0; j < e; ++j) {
+          uint32_t* o = packed.get() + j * pairs * s + p * s;
+          const uint16_t* l = lo + j * s;
+          if (hi) {
+            const uint16_t* h = hi + j * s;
+            for (int64_t c = 0; c < s; ++c) o[c] = uint32_t{l[c]} | uint32_t{h[c]} << 16;
+          } else {
+            for (int64_t c = 0; c < s; ++c) o[c] = l[c];
+          }
+        }
+      }
+    });
+  } else {
+    at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j)
+        pack_pairs(b + j * s * b_c, k, s, b_k, b_c, packed.get() + j * pairs * s, s);
+    });
+  }
   for_gather_tiles(x, ldx, tokens, counts, s,
                    [&](const uint16_t* const* a, const RowTile& tile, int64_t c0, Chunk ch) {
                      kGatherTilesBf16[tile.rows - 1][ch.nv - 1](
