@@ -409,39 +409,49 @@ class AutocastLinearFn : public torch::autograd::Function<AutocastLinearFn> {
   }
 };
 
+// a @ b over the leading (batch) dimensions, on gemm_out, and its gradients for g = d out
+at::Tensor batched_product(const at::Tensor& a, const at::Tensor& b) {
+  auto shape = a.sizes().vec();
+  shape.back() = b.size(-1);
+  auto out = at::empty(shape, a.options());
+  gemm_out(out, a, b);
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> batched_product_grads(const at::Tensor& a, const at::Tensor& b,
+                                                        const at::Tensor& g, bool need_a,
+                                                        bool need_b) {
+  at::Tensor ga, gb;
+  if (need_a) {
+    auto shape = g.sizes().vec();
+    shape.back() = b.size(-2);
+    ga = at::empty(shape, g.options());
+    gemm_out(ga, g, b.transpose(-2, -1));
+  }
+  if (need_b) {
+    auto shape = a.sizes().vec();
+    shape[shape.size() - 2] = a.size(-1);
+    shape.back() = g.size(-1);
+    gb = at::empty(shape, g.options());
+    gemm_out(gb, a.transpose(-2, -1), g);
+  }
+  return {ga, gb};
+}
+
 class MatmulFn : public torch::autograd::Function<MatmulFn> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& a,
                                const torch::Tensor& b) {
     RECORD_FUNCTION("emoe::matmul", std::vector<c10::IValue>());
-    auto shape = a.sizes().vec();
-    shape.back() = b.size(-1);
-    auto out = at::empty(shape, a.options());
-    gemm_out(out, a, b);
     ctx->save_for_backward(
         {b.requires_grad() ? a : at::Tensor(), a.requires_grad() ? b : at::Tensor()});
-    return out;
+    return batched_product(a, b);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const auto& a = saved[0];
-    const auto& b = saved[1];
-    const auto& g = grads[0];
-    at::Tensor ga, gb;
-    if (ctx->needs_input_grad(0)) {
-      auto shape = g.sizes().vec();
-      shape.back() = b.size(-2);
-      ga = at::empty(shape, g.options());
-      gemm_out(ga, g, b.transpose(-2, -1));
-    }
-    if (ctx->needs_input_grad(1)) {
-      auto shape = a.sizes().vec();
-      shape[shape.size() - 2] = a.size(-1);
-      shape.back() = g.size(-1);
-      gb = at::empty(shape, g.options());
-      gemm_out(gb, a.transpose(-2, -1), g);
-    }
+    auto [ga, gb] = batched_product_grads(saved[0], saved[1], grads[0], ctx->needs_input_grad(0),
+                                          ctx->needs_input_grad(1));
     return {ga, gb};
   }
 };
@@ -458,40 +468,23 @@ class AutocastMatmulFn : public torch::autograd::Function<AutocastMatmulFn> {
     RECORD_FUNCTION("emoe::autocast_matmul", std::vector<c10::IValue>());
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
     const auto a16 = a.to(at::kBFloat16), b16 = b.to(at::kBFloat16);
-    auto shape = a.sizes().vec();
-    shape.back() = b.size(-1);
-    auto out = at::empty(shape, a16.options());
-    gemm_out(out, a16, b16);
     ctx->save_for_backward(
         {b.requires_grad() ? a16 : at::Tensor(), a.requires_grad() ? b16 : at::Tensor()});
     ctx->saved_data["a_dtype"] = static_cast<int64_t>(a.scalar_type());
     ctx->saved_data["b_dtype"] = static_cast<int64_t>(b.scalar_type());
-    return out;
+    return batched_product(a16, b16);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
     auto saved = ctx->get_saved_variables();
-    const auto& a = saved[0];
-    const auto& b = saved[1];
-    const auto g = grads[0].to(at::kBFloat16);
-    at::Tensor ga, gb;
-    if (ctx->needs_input_grad(0)) {
-      auto shape = g.sizes().vec();
-      shape.back() = b.size(-2);
-      ga = at::empty(shape, g.options());
-      gemm_out(ga, g, b.transpose(-2, -1));
-      ga = ga.to(static_cast<at::ScalarType>(ctx->saved_data["a_dtype"].toInt()));
-    }
-    if (ctx->needs_input_grad(1)) {
-      auto shape = a.sizes().vec();
-      shape[shape.size() - 2] = a.size(-1);
-      shape.back() = g.size(-1);
-      gb = at::empty(shape, g.options());
-      gemm_out(gb, a.transpose(-2, -1), g);
-      gb = gb.to(static_cast<at::ScalarType>(ctx->saved_data["b_dtype"].toInt()));
-    }
-    return {ga, gb};
+    auto [ga, gb] = batched_product_grads(saved[0], saved[1], grads[0].to(at::kBFloat16),
+                                          ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+    auto dtype = [&](const char* key) {
+      return static_cast<at::ScalarType>(ctx->saved_data[key].toInt());
+    };
+    return {ga.defined() ? ga.to(dtype("a_dtype")) : ga,
+            gb.defined() ? gb.to(dtype("b_dtype")) : gb};
   }
 };
 
