@@ -15,7 +15,9 @@
 //   bench_train --single MODEL METHOD PRECISION [--profile trace.json]
 //   [--profile-inference trace.json]: one measurement in this process; --profile also writes one
 //   training step's autograd profile (scripts/profile_summary.py), --profile-inference one
-//   inference forward's.
+//   inference forward's. --gemm-ab (with --single): then alternates training steps with oneDNN's
+//   implementation of each product chosen by measurement (the default) and oneDNN's own first
+//   choice everywhere (EMOE_GEMM=onednn), and reports the step-time ratio measured/default.
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -50,6 +52,7 @@ struct Args {
   std::string device = "cpu";
   std::string json_out, markdown_out, single_model, single_method, single_precision, profile,
       profile_inference;
+  bool gemm_ab = false;
   int64_t steps = 3, warmup = 3, batch = 0, seq = 0, layers = 0;
   double peak_seconds = 0.4;  // per shape and path of the measured peak (< 0.1: one small cube)
 };
@@ -202,6 +205,24 @@ void measure_one(const Args& a) {
     for (auto* p : plugs) p->set_dense_override(false);
     moe_over_dense = t_moe / t_dense;
   }
+  // --gemm-ab: the same steps with oneDNN's first implementation of every product (its own
+  // primitives: the cache keys carry the setting), alternated with the measured choices
+  double gemm_measured_over_default = 0;
+  if (a.gemm_ab) {
+    const auto before = emoe::set_float32_gemm(emoe::Float32Gemm::kOneDnn);
+    train_step();  // (creates the default primitives)
+    double t_measured = 0, t_default = 0;
+    for (int64_t i = 0; i < a.steps; ++i)
+      for (bool measured : {false, true}) {
+        emoe::set_float32_gemm(measured ? emoe::Float32Gemm::kMeasured
+                                        : emoe::Float32Gemm::kOneDnn);
+        auto t0 = std::chrono::steady_clock::now();
+        train_step();
+        (measured ? t_measured : t_default) += seconds_since(t0);
+      }
+    emoe::set_float32_gemm(before);
+    gemm_measured_over_default = t_measured / t_default;
+  }
   model->eval();
   double infer_s = 0;
   {
@@ -249,7 +270,9 @@ void measure_one(const Args& a) {
                       {"inference_tokens_per_s", tokens / infer_s},
                       {"train_peak_rss_mib", train_peak},
                       {"train_peak_tensor_mib", train_peak_tensors},
-                      {"loss", loss_value}};
+                      {"loss", loss_value},
+                      {"onednn_implementations", emoe::onednn_implementation_choices()}};
+  if (a.gemm_ab) j["gemm_measured_step_over_default_step"] = gemm_measured_over_default;
   if (cost.moe)
     j["moe"] = {{"experts", cost.moe_config.experts},
                 {"topk", cost.moe_config.topk},
@@ -368,6 +391,30 @@ int run(const Args& a) {
     md << "\nDispatched experts' kernels, chosen per shape by measurement in each row's process:\n";
     for (const auto& p : paths) md << "- " << p << "\n";
   }
+  // oneDNN's implementations chosen by measurement (emoe::onednn_implementation_choices): the
+  // product classes where another than oneDNN's default (the first listed) won
+  std::set<std::string> impls;
+  size_t timed = 0;
+  for (const auto& r : rows)
+    if (r.contains("onednn_implementations"))
+      for (const auto& line_json : r["onednn_implementations"]) {
+        const auto line = line_json.get<std::string>();
+        ++timed;
+        const auto colon = line.find(": "), open = line.find(" (", colon);
+        if (colon == std::string::npos || open == std::string::npos) continue;
+        const auto chosen = line.substr(colon + 2, open - colon - 2);
+        if (line.compare(open + 2, chosen.size() + 1, chosen + " ") != 0)
+          impls.insert(fmt::format("{} {} {}: {}", r["model"].get<std::string>(),
+                                   r["method"].get<std::string>(),
+                                   r["precision"].get<std::string>(), line));
+      }
+  if (timed > 0) {
+    md << fmt::format(
+        "\noneDNN implementations timed per product class: {} classes over all rows, {} of them "
+        "faster in another implementation than oneDNN's default:\n",
+        timed, impls.size());
+    for (const auto& p : impls) md << "- " << p << "\n";
+  }
   std::cout << md.str();
   nlohmann::json doc = {{"threads", threads},
                         {"device", a.device},
@@ -427,6 +474,8 @@ int main(int argc, char** argv) {
         a.profile = next();
       else if (k == "--profile-inference")
         a.profile_inference = next();
+      else if (k == "--gemm-ab")
+        a.gemm_ab = true;
       else if (k == "--single") {
         a.single_model = next();
         a.single_method = next();

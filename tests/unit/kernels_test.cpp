@@ -869,6 +869,56 @@ TEST(Matmul, Float32ProductsMeasuredOncePerShapeGiveTheProduct) {
   emoe::set_float32_gemm(setting);
 }
 
+TEST(Matmul, OneDnnImplementationTimedOncePerClassGivesTheProduct) {
+  // products past 16M multiply-adds: each of oneDNN's implementations timed once per class on a
+  // scratch output (an accumulating product must add once, a bias product write over `out`), the
+  // choice reused by another size of the class; EMOE_GEMM=onednn times nothing
+  if (!emoe::onednn_matmul_enabled(torch::zeros({1})))
+    GTEST_SKIP() << "float32 products use ATen here: " << emoe::matmul_backend_name();
+  torch::manual_seed(6);
+  const auto setting = emoe::set_float32_gemm(emoe::Float32Gemm::kMeasured);
+  auto close = [](const torch::Tensor& got, const torch::Tensor& want) {
+    return emoe::test::max_abs_diff(got, want) <= 1e-4 * (1.0 + want.abs().max().item<double>());
+  };
+  std::vector<at::ScalarType> dtypes{torch::kFloat};
+  if (emoe::matmul_backend_name().find("bf16") != std::string::npos)
+    dtypes.push_back(torch::kBFloat16);
+  for (const auto dtype : dtypes) {
+    const auto what = c10::toString(dtype);
+    const size_t start = emoe::onednn_implementation_choices().size();
+    // a weight's gradient as the linear layers' backward pass computes it: g^T x, g read
+    // transposed, summed into float32 (odd sizes: no other test's class); 700 x 150 x 330 (35M)
+    auto g = torch::randn({700, 150}).to(dtype), x = torch::randn({700, 330}).to(dtype);
+    const auto want = g.to(torch::kDouble).t().mm(x.to(torch::kDouble));
+    auto out = torch::full({150, 330}, 7.0f);
+    emoe::gemm_out(out, g.t(), x);
+    EXPECT_TRUE(close(out, want)) << what;
+    ASSERT_EQ(emoe::onednn_implementation_choices().size(), start + 1) << what;
+    const auto line = emoe::onednn_implementation_choices().back();
+    EXPECT_NE(line.find(std::string(what) + "->Float 256x1024x512 crr: "), std::string::npos)
+        << line;
+    // accumulating into out (its own class): out + g^T x, added once
+    auto acc = torch::randn({150, 330});
+    const auto acc_want = acc.to(torch::kDouble) + want;
+    emoe::gemm_out(acc, g.t(), x, {}, /*accumulate=*/true);
+    EXPECT_TRUE(close(acc, acc_want)) << what;
+    EXPECT_EQ(emoe::onednn_implementation_choices().size(), start + 2) << what;
+    // another size of the first class (rows 700 -> 650: still 1024 rounded up): reused
+    auto g2 = torch::randn({650, 150}).to(dtype), x2 = torch::randn({650, 330}).to(dtype);
+    emoe::gemm_out(out, g2.t(), x2);
+    EXPECT_TRUE(close(out, g2.to(torch::kDouble).t().mm(x2.to(torch::kDouble)))) << what;
+    EXPECT_EQ(emoe::onednn_implementation_choices().size(), start + 2) << what;
+    // oneDNN's first implementation, untimed
+    emoe::set_float32_gemm(emoe::Float32Gemm::kOneDnn);
+    auto g3 = torch::randn({900, 150}).to(dtype), x3 = torch::randn({900, 330}).to(dtype);
+    emoe::gemm_out(out, g3.t(), x3);
+    EXPECT_TRUE(close(out, g3.to(torch::kDouble).t().mm(x3.to(torch::kDouble)))) << what;
+    EXPECT_EQ(emoe::onednn_implementation_choices().size(), start + 2) << what;
+    emoe::set_float32_gemm(emoe::Float32Gemm::kMeasured);
+  }
+  emoe::set_float32_gemm(setting);
+}
+
 TEST(ChunkedLmLoss, MatchesCrossEntropyOfTheLogitsInValueAndGradients) {
   torch::manual_seed(8);
   const int64_t b = 3, t = 7, h = 16, v = 50;

@@ -106,6 +106,146 @@ bool runtime_shapes_ok(const at::Tensor& out, const at::Tensor& a, const at::Ten
          (b.stride(1) == 1 || b.stride(0) == 1) && out.stride(1) == 1;
 }
 
+Float32Gemm float32_gemm();
+
+// --- oneDNN's implementation of a product, by measurement ------------------------------------
+// oneDNN offers several implementations of one product and takes the first that applies: for
+// bfloat16 on AVX-512 BF16 its brgemm kernels. Those lag its gemm-based ones ("gemm:jit") on
+// some layouts: measured on a 2-core AMD EPYC (Zen 4), a weight's gradient g^T x (g read
+// transposed) 2048 x 768 x 2304 at 629 GFLOP/s against 770, the 32000-word LM head's weight
+// gradient summed into float32 600 against 746, while the forward products are closer or the
+// other way round. So each product past 16M multiply-adds is timed once in every implementation
+// but the reference one (on a scratch output; the default kept unless another takes under 90 % of
+// its time: a close call stays with the default, so that runs repeat their choices and their
+// rounding), and the choice holds for its class: dtypes, layouts, bias, accumulation and each size
+// rounded up to a power of two (a batch of another length reuses it: only the primitive is new).
+// EMOE_GEMM=onednn keeps oneDNN's first implementation everywhere (no timing).
+constexpr double kImplMeasureMacs = 16.0 * 1024 * 1024;
+constexpr double kImplMargin = 0.90;  // another implementation must take < 90 % of the default's
+
+struct ImplChoices {
+  std::mutex mutex;
+  std::unordered_map<std::string, std::string> by_class;  // class -> implementation name
+  std::vector<std::string> log;                           // "class: name (GFLOP/s ...)"
+};
+
+ImplChoices& impl_choices() {
+  static ImplChoices c;
+  return c;
+}
+
+int64_t round_up_pow2(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+std::string layout_code(const at::Tensor& t) {
+  const auto n = t.dim();
+  return t.stride(n - 1) == 1 ? "r" : t.stride(n - 2) == 1 ? "c" : "s";
+}
+
+// The class of a product for the implementation choice (see above).
+std::string impl_class(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                       const at::Tensor& bias, bool accumulate) {
+  std::string key = c10::toString(a.scalar_type());
+  key += "->";
+  key += c10::toString(out.scalar_type());
+  key += ' ';
+  for (int64_t d = 0; d + 2 < a.dim(); ++d) key += std::to_string(round_up_pow2(a.size(d))) + "x";
+  key += std::to_string(round_up_pow2(a.size(-2))) + "x" +
+         std::to_string(round_up_pow2(a.size(-1))) + "x" +
+         std::to_string(round_up_pow2(b.size(-1)));
+  key += " " + layout_code(a) + layout_code(b) + layout_code(out);
+  if (bias.defined()) key += " +bias";
+  if (accumulate) key += " +=";
+  return key;
+}
+
+double product_macs(const at::Tensor& a, const at::Tensor& b) {
+  double macs = static_cast<double>(b.size(-1));
+  for (int64_t d = 0; d < a.dim(); ++d) macs *= static_cast<double>(a.size(d));
+  return macs;
+}
+
+// The primitive for pd's product: the class's implementation where one was chosen, else (for a
+// product large enough to matter) the fastest measured, else oneDNN's first.
+dnnl::matmul choose_implementation(dnnl::matmul::primitive_desc pd, const at::Tensor& out,
+                                   const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
+                                   bool accumulate) {
+  if (float32_gemm() != Float32Gemm::kMeasured || product_macs(a, b) < kImplMeasureMacs)
+    return dnnl::matmul(pd);
+  const std::string cls = impl_class(out, a, b, bias, accumulate);
+  auto& c = impl_choices();
+  std::string chosen;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto it = c.by_class.find(cls);
+    if (it != c.by_class.end()) chosen = it->second;
+  }
+  if (!chosen.empty()) {
+    const dnnl::matmul first(pd);
+    do {
+      if (pd.impl_info_str() == chosen) return dnnl::matmul(pd);
+    } while (pd.next_impl());
+    return first;  // (not offered for this exact shape)
+  }
+  // every implementation but the reference one, timed on a zeroed scratch output (a sum
+  // post-op then adds to zeros, not to whatever memory held)
+  std::vector<std::pair<std::string, dnnl::matmul>> candidates;
+  dnnl::matmul first;  // oneDNN's own choice, whatever it is (kept where nothing else is offered)
+  do {
+    const std::string name = pd.impl_info_str();
+    if (name.find("ref") == std::string::npos)
+      candidates.emplace_back(name, dnnl::matmul(pd));
+    else if (!first && candidates.empty())
+      first = dnnl::matmul(pd);
+  } while (pd.next_impl());
+  if (candidates.empty()) return first;
+  if (candidates.size() == 1) {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    c.by_class.emplace(cls, candidates[0].first);
+    return candidates[0].second;
+  }
+  auto scratch = at::empty_strided(out.sizes(), out.strides(), out.options()).zero_();
+  thread_local dnnl::stream stream(cpu_engine());
+  std::unordered_map<int, dnnl::memory> args = {
+      {DNNL_ARG_SRC, dnnl::memory(matrix_desc(a), cpu_engine(), a.data_ptr())},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(matrix_desc(b), cpu_engine(), b.data_ptr())},
+      {DNNL_ARG_DST, dnnl::memory(matrix_desc(scratch), cpu_engine(), scratch.data_ptr())}};
+  if (bias.defined()) {
+    dnnl::memory::dims bd(static_cast<size_t>(out.dim()), 1), bs(bd.size(), 0);
+    bd.back() = out.size(-1);
+    for (size_t i = 0; i < bs.size(); ++i) bs[i] = i + 1 == bs.size() ? 1 : out.size(-1);
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory(dnnl::memory::desc(bd, dnnl_type(bias), bs),
+                                             cpu_engine(), bias.data_ptr()));
+  }
+  // each once untimed (caches, page faults), then three rounds of each in turn, the best of each
+  // kept (a slow moment of a noisy machine then costs one sample, not one implementation)
+  std::vector<double> seconds(candidates.size(), 1e30);
+  for (int round = -1; round < 3; ++round)
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      candidates[i].second.execute(stream, args);
+      stream.wait();
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (round >= 0) seconds[i] = std::min(seconds[i], t);
+    }
+  size_t pick = 0;
+  for (size_t i = 1; i < candidates.size(); ++i)
+    if (seconds[i] < kImplMargin * seconds[0] && seconds[i] < seconds[pick]) pick = i;
+  std::string line = cls + ": " + candidates[pick].first + " (";
+  const double gflop = 2e-9 * product_macs(a, b);
+  for (size_t i = 0; i < candidates.size(); ++i)
+    line += (i ? ", " : "") + candidates[i].first + " " +
+            std::to_string(static_cast<int>(gflop / seconds[i])) + " GFLOP/s";
+  line += ")";
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.by_class.emplace(cls, candidates[pick].first);
+  if (c.log.size() < 256) c.log.push_back(line);
+  return candidates[pick].second;
+}
+
 // Runs out = a @ b (+ bias | + out) through oneDNN; false when oneDNN has no kernel for these
 // strides (the caller then falls back). shapes_vary: 2-D products whose sizes change from call
 // to call (an expert's rows) share one primitive with the sizes given at execution time —
@@ -131,6 +271,7 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
   }
   key += bias.defined() ? 'b' : '-';
   key += accumulate ? 'a' : '-';
+  key += float32_gemm() == Float32Gemm::kMeasured ? 'm' : 'd';  // (choose_implementation)
   auto& cache = primitive_cache();
   dnnl::matmul prim;
   {
@@ -163,7 +304,9 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
       auto md = runtime ? runtime_matrix_desc : matrix_desc;
       auto desc = bias.defined() ? dnnl::matmul::desc(md(a), md(b), bias_md_create, md(out))
                                  : dnnl::matmul::desc(md(a), md(b), md(out));
-      prim = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
+      dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
+      // (runtime shapes: one primitive for many sizes; oneDNN's first implementation)
+      prim = runtime ? dnnl::matmul(pd) : choose_implementation(pd, out, a, b, bias, accumulate);
     } catch (const dnnl::error&) {
       prim = dnnl::matmul();  // remembered as "no kernel" (an empty primitive)
     }
@@ -525,6 +668,16 @@ Float32Gemm set_float32_gemm(Float32Gemm choice) {
   return prev;
 }
 
+std::vector<std::string> onednn_implementation_choices() {
+#ifdef EMOE_HAVE_ONEDNN
+  auto& c = impl_choices();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.log;
+#else
+  return {};
+#endif
+}
+
 std::pair<int64_t, int64_t> float32_gemm_measurements() {
   auto& c = gemm_choices();
   std::lock_guard<std::mutex> lock(c.mutex);
@@ -544,7 +697,9 @@ std::string matmul_backend_name() {
     if (float32_gemm() == Float32Gemm::kMeasured)
       name +=
           "; float32 products of a 2-D shape past 16M multiply-adds: oneDNN or ATen "
-          "(OpenBLAS), whichever measured faster for that shape";
+          "(OpenBLAS), whichever measured faster for that shape; oneDNN's implementation of "
+          "each product class past 16M multiply-adds (brgemm or gemm-based): the fastest "
+          "measured";
     else if (float32_gemm() == Float32Gemm::kAten)
       name = "aten (OpenBLAS; EMOE_GEMM=aten)";
     return name;

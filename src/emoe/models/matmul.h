@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace emoe {
 
@@ -27,12 +28,20 @@ std::string matmul_backend_name();
 // Which library computes float32 CPU products where oneDNN is used (EMOE_GEMM: "onednn", "aten",
 // or unset/"auto": measured). kMeasured: each 2-D product of a shape past 16M multiply-adds is
 // timed once in both on first sight, and later products of that shape use the faster (ATen only
-// when faster by 15 %); smaller, batched and varying-size products stay with oneDNN.
+// when faster by 15 %); smaller, batched and varying-size products stay with oneDNN. kMeasured
+// also picks oneDNN's implementation of each product class, float32 and bfloat16, by timing
+// (onednn_implementation_choices); kOneDnn takes oneDNN's first everywhere, untimed.
 enum class Float32Gemm { kMeasured, kOneDnn, kAten };
 // Sets it for the process (tests); returns the previous setting.
 Float32Gemm set_float32_gemm(Float32Gemm choice);
 // Shapes measured so far, and how many of them chose ATen.
 std::pair<int64_t, int64_t> float32_gemm_measurements();
+
+// oneDNN's implementation of each product class measured so far in this process (EMOE_GEMM
+// unset: every product past 16M multiply-adds is timed once in each of oneDNN's implementations
+// of it — brgemm, gemm-based — and the fastest kept for its class; see matmul.cpp), one line
+// each: "class: chosen (each implementation's GFLOP/s)".
+std::vector<std::string> onednn_implementation_choices();
 
 // How many products oneDNN has computed in this process (tests check the path was taken).
 int64_t onednn_product_count();
