@@ -72,6 +72,26 @@ dnnl::memory::desc matrix_desc(const at::Tensor& t) {
                             dnnl::memory::dims(t.strides().begin(), t.strides().end()));
 }
 
+// A bias [N] broadcast over out's rows (and leading dimensions), as a matmul takes it.
+dnnl::memory::desc bias_desc(const at::Tensor& out, const at::Tensor& bias) {
+  dnnl::memory::dims bd(static_cast<size_t>(out.dim()), 1), bs(bd.size(), 0);
+  bd.back() = out.size(-1);
+  for (size_t i = 0; i < bs.size(); ++i) bs[i] = i + 1 == bs.size() ? 1 : out.size(-1);
+  return dnnl::memory::desc(bd, dnnl_type(bias), bs);
+}
+
+// A product's arguments: a, b, out (and the bias where defined) as oneDNN memories.
+std::unordered_map<int, dnnl::memory> product_args(const at::Tensor& out, const at::Tensor& a,
+                                                   const at::Tensor& b, const at::Tensor& bias) {
+  std::unordered_map<int, dnnl::memory> args = {
+      {DNNL_ARG_SRC, dnnl::memory(matrix_desc(a), cpu_engine(), a.data_ptr())},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(matrix_desc(b), cpu_engine(), b.data_ptr())},
+      {DNNL_ARG_DST, dnnl::memory(matrix_desc(out), cpu_engine(), out.data_ptr())}};
+  if (bias.defined())
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_desc(out, bias), cpu_engine(), bias.data_ptr()));
+  return args;
+}
+
 // Primitives by shape, strides and options (creating one JIT-compiles its kernels); an empty
 // one where oneDNN had no kernel, so that a failed creation is not retried on every call.
 struct PrimitiveCache {
@@ -209,17 +229,7 @@ dnnl::matmul choose_implementation(dnnl::matmul::primitive_desc pd, const at::Te
   }
   auto scratch = at::empty_strided(out.sizes(), out.strides(), out.options()).zero_();
   thread_local dnnl::stream stream(cpu_engine());
-  std::unordered_map<int, dnnl::memory> args = {
-      {DNNL_ARG_SRC, dnnl::memory(matrix_desc(a), cpu_engine(), a.data_ptr())},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(matrix_desc(b), cpu_engine(), b.data_ptr())},
-      {DNNL_ARG_DST, dnnl::memory(matrix_desc(scratch), cpu_engine(), scratch.data_ptr())}};
-  if (bias.defined()) {
-    dnnl::memory::dims bd(static_cast<size_t>(out.dim()), 1), bs(bd.size(), 0);
-    bd.back() = out.size(-1);
-    for (size_t i = 0; i < bs.size(); ++i) bs[i] = i + 1 == bs.size() ? 1 : out.size(-1);
-    args.emplace(DNNL_ARG_BIAS, dnnl::memory(dnnl::memory::desc(bd, dnnl_type(bias), bs),
-                                             cpu_engine(), bias.data_ptr()));
-  }
+  const auto args = product_args(scratch, a, b, bias);
   // each once untimed (caches, page faults), then three rounds of each in turn, the best of each
   // kept (a slow moment of a noisy machine then costs one sample, not one implementation)
   std::vector<double> seconds(candidates.size(), 1e30);
@@ -282,17 +292,11 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
       prim = it->second;
     }
   }
-  dnnl::memory::desc bias_md, bias_md_create;
-  if (bias.defined()) {
-    dnnl::memory::dims bd(static_cast<size_t>(out.dim()), 1);
-    bd.back() = out.size(-1);
-    dnnl::memory::dims bs(bd.size(), 0);
-    for (size_t i = 0; i < bs.size(); ++i) bs[i] = i + 1 == bs.size() ? 1 : out.size(-1);
-    bias_md = dnnl::memory::desc(bd, dnnl_type(bias), bs);
+  dnnl::memory::desc bias_md_create;
+  if (bias.defined())
     bias_md_create = runtime ? dnnl::memory::desc({1, DNNL_RUNTIME_DIM_VAL}, dnnl_type(bias),
                                                   dnnl::memory::dims{DNNL_RUNTIME_DIM_VAL, 1})
-                             : bias_md;
-  }
+                             : bias_desc(out, bias);
   if (!prim) {
     try {
       dnnl::primitive_attr attr;
@@ -316,13 +320,7 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
     if (!prim) return false;
   }
   thread_local dnnl::stream stream(cpu_engine());
-  std::unordered_map<int, dnnl::memory> args = {
-      {DNNL_ARG_SRC, dnnl::memory(matrix_desc(a), cpu_engine(), a.data_ptr())},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(matrix_desc(b), cpu_engine(), b.data_ptr())},
-      {DNNL_ARG_DST, dnnl::memory(matrix_desc(out), cpu_engine(), out.data_ptr())}};
-  if (bias.defined())
-    args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_md, cpu_engine(), bias.data_ptr()));
-  prim.execute(stream, args);
+  prim.execute(stream, product_args(out, a, b, bias));
   stream.wait();
   onednn_products.fetch_add(1, std::memory_order_relaxed);
   return true;
