@@ -140,7 +140,8 @@ Float32Gemm float32_gemm();
 // rounding), and the choice holds for its class: dtypes, layouts, bias, accumulation and each size
 // rounded up to a power of two (a batch of another length reuses it: only the primitive is new).
 // EMOE_GEMM=onednn keeps oneDNN's first implementation everywhere (no timing).
-constexpr double kImplMeasureMacs = 16.0 * 1024 * 1024;
+// (products below it, in both choices: the default, unmeasured)
+constexpr double kMeasureMacs = 16.0 * 1024 * 1024;
 constexpr double kImplMargin = 0.90;  // another implementation must take < 90 % of the default's
 
 struct ImplChoices {
@@ -193,7 +194,7 @@ double product_macs(const at::Tensor& a, const at::Tensor& b) {
 dnnl::matmul choose_implementation(dnnl::matmul::primitive_desc pd, const at::Tensor& out,
                                    const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
                                    bool accumulate) {
-  if (float32_gemm() != Float32Gemm::kMeasured || product_macs(a, b) < kImplMeasureMacs)
+  if (float32_gemm() != Float32Gemm::kMeasured || product_macs(a, b) < kMeasureMacs)
     return dnnl::matmul(pd);
   const std::string cls = impl_class(out, a, b, bias, accumulate);
   auto& c = impl_choices();
@@ -204,11 +205,15 @@ dnnl::matmul choose_implementation(dnnl::matmul::primitive_desc pd, const at::Te
     if (it != c.by_class.end()) chosen = it->second;
   }
   if (!chosen.empty()) {
-    const dnnl::matmul first(pd);
+    // oneDNN's first kept as a descriptor (no kernels compiled) for a shape that lacks the choice
+    dnnl_primitive_desc_t first_c = nullptr;
+    dnnl::error::wrap_c_api(dnnl_primitive_desc_clone(&first_c, pd.get()),
+                            "could not clone a matmul primitive descriptor");
+    const dnnl::matmul::primitive_desc first(first_c);
     do {
       if (pd.impl_info_str() == chosen) return dnnl::matmul(pd);
     } while (pd.next_impl());
-    return first;  // (not offered for this exact shape)
+    return dnnl::matmul(first);
   }
   // every implementation but the reference one, timed on a zeroed scratch output (a sum
   // post-op then adds to zeros, not to whatever memory held)
@@ -244,7 +249,9 @@ dnnl::matmul choose_implementation(dnnl::matmul::primitive_desc pd, const at::Te
   size_t pick = 0;
   for (size_t i = 1; i < candidates.size(); ++i)
     if (seconds[i] < kImplMargin * seconds[0] && seconds[i] < seconds[pick]) pick = i;
-  std::string line = cls + ": " + candidates[pick].first + " (";
+  // "(default; ...)" where oneDNN's first won, "(over <default>; ...)" where another did
+  std::string line = cls + ": " + candidates[pick].first +
+                     (pick == 0 ? " (default; " : " (over " + candidates[0].first + "; ");
   const double gflop = 2e-9 * product_macs(a, b);
   for (size_t i = 0; i < candidates.size(); ++i)
     line += (i ? ", " : "") + candidates[i].first + " " +
@@ -362,8 +369,6 @@ GemmChoices& gemm_choices() {
 }
 
 #ifdef EMOE_HAVE_ONEDNN
-constexpr double kMeasureMacs = 16.0 * 1024 * 1024;  // smaller products: oneDNN, unmeasured
-
 void fallback_gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                        const at::Tensor& bias, bool accumulate);
 
@@ -373,10 +378,7 @@ bool prefer_aten(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b
                  const at::Tensor& bias, bool accumulate) {
   const auto setting = float32_gemm();
   if (setting != Float32Gemm::kMeasured) return setting == Float32Gemm::kAten;
-  if (a.dim() != 2 || static_cast<double>(a.size(0)) * static_cast<double>(a.size(1)) *
-                              static_cast<double>(b.size(1)) <
-                          kMeasureMacs)
-    return false;
+  if (a.dim() != 2 || product_macs(a, b) < kMeasureMacs) return false;
   std::string key;
   key.reserve(96);
   append_key(key, a.sizes());

@@ -40,7 +40,8 @@ std::pair<int64_t, int64_t> float32_gemm_measurements();
 // oneDNN's implementation of each product class measured so far in this process (EMOE_GEMM
 // unset: every product past 16M multiply-adds is timed once in each of oneDNN's implementations
 // of it — brgemm, gemm-based — and the fastest kept for its class; see matmul.cpp), one line
-// each: "class: chosen (each implementation's GFLOP/s)".
+// each: "class: chosen (default; ...)" or "class: chosen (over <oneDNN's first>; ...)", with each
+// implementation's GFLOP/s.
 std::vector<std::string> onednn_implementation_choices();
 
 // How many products oneDNN has computed in this process (tests check the path was taken).
