@@ -8,6 +8,8 @@
 #include "emoe/core/error.h"
 #include "emoe/io/safetensors.h"
 #include "emoe/methods/model_folder.h"
+#include "emoe/models/small_gemm.h"
+#include "emoe/moe/kernel_choices.h"
 #include "emoe/train/method_table.h"
 #include "emoe/train/trainer.h"
 #include "support/test_support.h"
@@ -392,6 +394,65 @@ TEST(Train, RunFolderIntegrityOnResume) {
               std::string::npos)
         << e.what();
   }
+}
+
+// A checkpoint keeps the kernels its run timed (kernels.json) and --resume pins them before its
+// first step, so that the resumed run's products run where the uninterrupted run's did; a
+// damaged record is the input's fault, one from another CPU is only reported.
+TEST(Train, ResumePinsTheKernelsItsRunTimed) {
+  EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
+  EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
+  emoe::test::TempDir tmp;
+  auto run = tmp.file("run");
+  auto stopped = emoe::run_training(
+      tiny_run(bert, "full", run, {"save_best=false", "train.stop_after_steps=2"}), false);
+  ASSERT_TRUE(stopped.stopped_early);
+  std::string name;
+  std::getline(std::ifstream(run + "/checkpoints/latest"), name);
+  const auto kernels = run + "/checkpoints/" + name + "/kernels.json";
+  ASSERT_TRUE(fs::exists(kernels));
+  auto record = nlohmann::json::parse(std::ifstream(kernels));
+  EXPECT_EQ(record["cpu"], emoe::kernel_choices_json()["cpu"]);
+  // a choice the tiny model never times, as a run on a bigger one would have made it
+  record["small_products"]["6,3,1000,7,0,0"] = "library";
+  auto keep = fs::path(tmp.file("kernels.json"));
+  std::ofstream(keep) << record.dump();
+  auto restore = [&] { fs::copy_file(keep, kernels, fs::copy_options::overwrite_existing); };
+
+  auto bad = [&](const std::string& text, const std::string& why) {
+    std::ofstream(kernels) << text;
+    try {
+      emoe::run_training(tiny_run(bert, "full", run, {"save_best=false"}), true);
+      ADD_FAILURE() << "resumed with kernels.json " << text;
+    } catch (const emoe::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("kernels.json: " + why), std::string::npos) << e.what();
+    }
+  };
+  bad("{", "not valid JSON");
+  auto warp = record;
+  warp["expert_paths"]["bfloat16,8,2,4,0"] = "warp";
+  bad(warp.dump(), "experts 'bfloat16,8,2,4,0': 'warp' is not a path this CPU has");
+
+  // another CPU's record: resumes, nothing pinned
+  auto foreign = record;
+  foreign["cpu"]["model"] = "Another CPU 9000";
+  std::ofstream(kernels) << foreign.dump();
+  emoe::forget_kernel_choices();  // a new process
+  auto copy = tmp.file("copy");
+  fs::copy(run, copy, fs::copy_options::recursive);
+  fs::remove(copy + "/.emoe.lock");
+  emoe::run_training(tiny_run(bert, "full", copy, {"save_best=false"}), true);
+  EXPECT_EQ(emoe::small_gemm_choices_made().count("6,3,1000,7,0,0"), 0u);
+
+  // this CPU's: pinned before the first step, and kept by the run's later checkpoints
+  restore();
+  emoe::forget_kernel_choices();
+  emoe::run_training(tiny_run(bert, "full", run, {"save_best=false"}), true);
+  EXPECT_EQ(emoe::small_gemm_choices_made().at("6,3,1000,7,0,0"), "library");
+  std::getline(std::ifstream(run + "/checkpoints/latest"), name);
+  auto last = nlohmann::json::parse(std::ifstream(run + "/checkpoints/" + name + "/kernels.json"));
+  EXPECT_EQ(last["small_products"]["6,3,1000,7,0,0"], "library");
+  emoe::forget_kernel_choices();
 }
 
 // Each modern family trains with EMoE and evaluates from its saved model/: the tiny Hugging

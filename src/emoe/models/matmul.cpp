@@ -2,6 +2,7 @@
 #include "emoe/models/matmul.h"
 
 #include <ATen/record_function.h>
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -676,6 +677,56 @@ std::vector<std::string> onednn_implementation_choices() {
 #else
   return {};
 #endif
+}
+
+GemmChoiceSet gemm_choices_made() {
+  GemmChoiceSet set;
+#ifdef EMOE_HAVE_ONEDNN
+  {
+    auto& c = impl_choices();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    set.onednn_implementations.insert(c.by_class.begin(), c.by_class.end());
+  }
+#endif
+  auto& g = gemm_choices();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  for (const auto& [key, aten] : g.aten) set.float32_library[key] = aten ? "aten" : "onednn";
+  return set;
+}
+
+std::string pin_gemm_choices(const GemmChoiceSet& set) {
+  for (const auto& [key, lib] : set.float32_library)
+    if (lib != "aten" && lib != "onednn")
+      return fmt::format("float32 library of '{}': expected aten or onednn, got '{}'", key, lib);
+#ifdef EMOE_HAVE_ONEDNN
+  {
+    auto& c = impl_choices();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    for (const auto& [cls, name] : set.onednn_implementations) {
+      c.by_class.insert_or_assign(cls, name);
+      if (c.log.size() < 256) c.log.push_back(cls + ": " + name + " (pinned)");
+    }
+  }
+#endif
+  auto& g = gemm_choices();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  for (const auto& [key, lib] : set.float32_library) g.aten.insert_or_assign(key, lib == "aten");
+  return "";
+}
+
+void forget_gemm_choices() {
+#ifdef EMOE_HAVE_ONEDNN
+  {
+    auto& c = impl_choices();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    c.by_class.clear();
+    c.log.clear();
+  }
+#endif
+  auto& g = gemm_choices();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  g.aten.clear();
+  g.measured = g.chose_aten = 0;
 }
 
 std::pair<int64_t, int64_t> float32_gemm_measurements() {

@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,22 @@ std::pair<int64_t, int64_t> float32_gemm_measurements();
 // each: "class: chosen (default; ...)" or "class: chosen (over <oneDNN's first>; ...)", with each
 // implementation's GFLOP/s.
 std::vector<std::string> onednn_implementation_choices();
+
+// The choices above as this process made them so far, for a training checkpoint: a resumed run
+// pins them, so that its products of those shapes and classes run on the implementations (and so
+// round as) the run it continues did, untimed. float32_library: 2-D float32 shape key -> "aten"
+// or "onednn"; onednn_implementations: class -> oneDNN's implementation name (one oneDNN does
+// not offer for a product falls back to its first).
+struct GemmChoiceSet {
+  std::map<std::string, std::string> float32_library, onednn_implementations;
+};
+GemmChoiceSet gemm_choices_made();
+// Pins them (replacing this process's choice for those keys; each listed by
+// onednn_implementation_choices as "class: name (pinned)"); "" or what is malformed (nothing is
+// pinned then). Only EMOE_GEMM unset (measured) consults them.
+std::string pin_gemm_choices(const GemmChoiceSet& set);
+// Forgets every choice (tests stand in for a new process).
+void forget_gemm_choices();
 
 // How many products oneDNN has computed in this process (tests check the path was taken).
 int64_t onednn_product_count();

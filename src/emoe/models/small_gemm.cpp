@@ -4,6 +4,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <immintrin.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -16,6 +18,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "emoe/core/autocast_compat.h"
@@ -370,6 +373,56 @@ std::pair<int64_t, int64_t> small_gemm_measurements() {
   auto& c = shape_choices();
   std::lock_guard<std::mutex> lock(c.mutex);
   return {static_cast<int64_t>(c.use_kernels.size()), c.chose_library};
+}
+
+std::map<std::string, std::string> small_gemm_choices_made() {
+  static const char* names[] = {"kernels", "library", "widening"};
+  auto& c = shape_choices();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  std::map<std::string, std::string> made;
+  for (const auto& [key, path] : c.use_kernels)
+    made[fmt::format("{}", fmt::join(key, ","))] = names[path];
+  return made;
+}
+
+std::string pin_small_gemm_choices(const std::map<std::string, std::string>& choices) {
+  std::map<std::array<int64_t, 6>, int> parsed;
+  for (const auto& [text, name] : choices) {
+    std::array<int64_t, 6> key{};
+    size_t at = 0, i = 0;
+    for (; i < key.size() && at <= text.size(); ++i) {
+      const size_t end = std::min(text.find(',', at), text.size());
+      const std::string part = text.substr(at, end - at);
+      if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos) break;
+      key[i] = std::stoll(part);
+      at = end + 1;
+    }
+    if (i != key.size() || at != text.size() + 1)
+      return fmt::format("small product '{}': expected six comma-separated integers", text);
+    const int path = name == "kernels"    ? kKernels
+                     : name == "library"  ? kLibrary
+                     : name == "widening" ? kWidening
+                                          : -1;
+    if (path < 0)
+      return fmt::format("small product '{}': expected kernels, library or widening, got '{}'",
+                         text, name);
+    parsed[key] = path;
+  }
+  auto& c = shape_choices();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  for (const auto& [key, path] : parsed) {
+    c.trials.erase(key);
+    c.use_kernels.insert_or_assign(key, path);
+  }
+  return "";
+}
+
+void forget_small_gemm_choices() {
+  auto& c = shape_choices();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.use_kernels.clear();
+  c.trials.clear();
+  c.chose_library = 0;
 }
 
 int64_t small_gemm_count() {

@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,6 +41,15 @@ std::string small_gemm_isa();
 std::string set_small_gemm_isa(const std::string& isa);
 // Shapes decided so far under auto, and how many of them chose the library.
 std::pair<int64_t, int64_t> small_gemm_measurements();
+
+// auto's decisions so far, for a training checkpoint (see GemmChoiceSet in matmul.h): the shape
+// key (dtype code, rows, K, N, layout, bias: six integers, comma-separated) -> "kernels",
+// "library" or "widening". pin_small_gemm_choices makes those shapes skip their trial and run the
+// saved path; "" or what is malformed (nothing pinned then). forget: every decision and trial
+// dropped (tests stand in for a new process).
+std::map<std::string, std::string> small_gemm_choices_made();
+std::string pin_small_gemm_choices(const std::map<std::string, std::string>& choices);
+void forget_small_gemm_choices();
 
 // x [..., K] times a weight stored [N, K] (weight_kn false: a Linear's [out, in]) or [K, N]
 // (weight_kn true: GPT-2's Conv1D), plus bias [N] when defined; [..., N] in x's dtype, summed in

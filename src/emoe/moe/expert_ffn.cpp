@@ -703,6 +703,69 @@ std::vector<std::string> expert_path_reports() {
   return c.reports;
 }
 
+std::map<std::string, std::string> expert_path_choices_made() {
+  auto& c = path_choices();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  std::map<std::string, std::string> made;
+  for (const auto& [key, choice] : c.by_shape) {
+    const auto& [dtype, d, s, experts, gated] = key;
+    made[fmt::format("{},{},{},{},{}",
+                     static_cast<at::ScalarType>(dtype) == at::kBFloat16 ? "bfloat16" : "float32",
+                     d, s, experts, gated ? 1 : 0)] = to_string(choice.path);
+  }
+  return made;
+}
+
+std::string pin_expert_path_choices(const std::map<std::string, std::string>& choices) {
+  const char* env = std::getenv("EMOE_EXPERT_KERNELS");
+  if (env && *env && std::string(env) != "auto") return "";  // the variable decides
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, bool>, PathChoice> parsed;
+  for (const auto& [text, name] : choices) {
+    std::vector<std::string> parts;
+    for (size_t at = 0;;) {
+      const size_t end = text.find(',', at);
+      parts.push_back(text.substr(at, end == std::string::npos ? std::string::npos : end - at));
+      if (end == std::string::npos) break;
+      at = end + 1;
+    }
+    const bool dtype_ok = !parts.empty() && (parts[0] == "float32" || parts[0] == "bfloat16");
+    bool ints_ok = parts.size() == 5;
+    for (size_t i = 1; ints_ok && i < parts.size(); ++i)
+      ints_ok = !parts[i].empty() && parts[i].find_first_not_of("0123456789") == std::string::npos;
+    if (!dtype_ok || !ints_ok)
+      return fmt::format(
+          "experts '{}': expected float32|bfloat16,width,neurons,experts,gated (0 or 1)", text);
+    const auto dtype = parts[0] == "bfloat16" ? at::kBFloat16 : at::kFloat;
+    PathChoice choice;
+    bool known = false;
+    for (auto p : expert_paths_available(dtype))
+      if (name == to_string(p)) choice.path = p, known = true;
+    if (!known)
+      return fmt::format("experts '{}': '{}' is not a path this CPU has for {}", text, name,
+                         parts[0]);
+    choice.report = fmt::format("{} (pinned)", name);
+    parsed[std::make_tuple(static_cast<int>(dtype), std::stoll(parts[1]), std::stoll(parts[2]),
+                           std::stoll(parts[3]), parts[4] != "0")] = choice;
+  }
+  auto& c = path_choices();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  for (const auto& [key, choice] : parsed) {
+    c.by_shape.insert_or_assign(key, choice);
+    const auto& [dtype, d, s, experts, gated] = key;
+    c.reports.push_back(fmt::format(
+        "{}: {}", shape_text({static_cast<at::ScalarType>(dtype), d, s, experts, gated}),
+        choice.report));
+  }
+  return "";
+}
+
+void forget_expert_path_choices() {
+  auto& c = path_choices();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.by_shape.clear();
+  c.reports.clear();
+}
+
 c10::optional<ExpertPath> force_expert_path(c10::optional<ExpertPath> path) {
   c10::optional<ExpertPath> prev;
   if (forced_path >= 0) prev = static_cast<ExpertPath>(forced_path);

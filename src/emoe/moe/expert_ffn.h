@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,14 @@ ExpertPath expert_path(const ExpertShape& shape);
 std::string expert_path_report(const ExpertShape& shape);
 // Every choice this process made so far, one line per shape.
 std::vector<std::string> expert_path_reports();
+// The choices so far, for a training checkpoint (see GemmChoiceSet in models/matmul.h):
+// "float32|bfloat16,width,neurons,experts,gated(0|1)" -> path name. pin_expert_path_choices makes
+// those shapes take the saved path untimed (reported "<path> (pinned)"; EMOE_EXPERT_KERNELS, when
+// set, still decides instead); "" or what is malformed or not a path of this CPU (nothing pinned
+// then). forget: every choice dropped (tests stand in for a new process).
+std::map<std::string, std::string> expert_path_choices_made();
+std::string pin_expert_path_choices(const std::map<std::string, std::string>& choices);
+void forget_expert_path_choices();
 // Forces the path for the calling thread where it fits the dtype (tests and benchmarks compare
 // paths; nullopt: back to the measured choice). Returns the previous forced value.
 c10::optional<ExpertPath> force_expert_path(c10::optional<ExpertPath> path);

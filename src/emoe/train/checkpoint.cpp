@@ -2,6 +2,7 @@
 #include "emoe/train/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "emoe/core/error.h"
 #include "emoe/io/atomic_file.h"
 #include "emoe/io/safetensors.h"
+#include "emoe/moe/kernel_choices.h"
 
 namespace emoe {
 namespace fs = std::filesystem;
@@ -105,6 +107,8 @@ void save_checkpoint(const std::string& run_dir, PretrainedModelImpl& model, Opt
     auto rng = at::detail::getDefaultCPUGenerator().get_state();
     save_safetensors((dir / "rng.safetensors").string(), {{"cpu", rng}});
     write_text_atomic((dir / "state.json").string(), state.to_json().dump(1) + "\n");
+    // the kernels timed so far: a resumed run computes on the same ones (kernel_choices.h)
+    write_text_atomic((dir / "kernels.json").string(), kernel_choices_json().dump(1) + "\n");
     // Only now does the checkpoint become the latest; a crash before this leaves the old one.
     write_text_atomic((root / "latest").string(), name + "\n");
   } catch (const std::exception& e) {
@@ -173,6 +177,22 @@ bool load_checkpoint(const std::string& run_dir, PretrainedModelImpl& model, Opt
     EMOE_THROW(InputError, "{}: not valid JSON: {}", file("state.json"), e.what());
   }
   state = TrainState::from_json(j, file("state.json"));
+  // absent in checkpoints written before 2026-12-06: every kernel is then timed afresh
+  const auto kernels = (fs::path(dir) / "kernels.json").string();
+  if (fs::exists(kernels)) {
+    std::ifstream kin(kernels);
+    nlohmann::json k;
+    try {
+      k = nlohmann::json::parse(kin);
+    } catch (const nlohmann::json::exception& e) {
+      EMOE_THROW(InputError, "{}: not valid JSON: {}", kernels, e.what());
+    }
+    const auto pin = pin_kernel_choices(k, kernels);
+    if (pin.pinned)
+      spdlog::info("{}", pin.message);
+    else
+      spdlog::warn("{}", pin.message);
+  }
   return true;
 }
 

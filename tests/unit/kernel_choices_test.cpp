@@ -1,0 +1,124 @@
+// The timed kernel choices as a record (moe/kernel_choices.h): what a process chose round-trips
+// through JSON into another process (forget_kernel_choices stands in for one), the pinned choices
+// are used untimed, and a record from another CPU or a malformed one pins nothing.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "emoe/core/error.h"
+#include "emoe/models/matmul.h"
+#include "emoe/models/small_gemm.h"
+#include "emoe/moe/expert_ffn.h"
+#include "emoe/moe/kernel_choices.h"
+#include "support/test_support.h"
+
+namespace {
+
+bool all_empty(const nlohmann::json& record) {
+  for (const char* f :
+       {"float32_library", "onednn_implementations", "small_products", "expert_paths"})
+    if (!record.at(f).empty()) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST(KernelChoices, RecordRoundTripsAndPinnedChoicesAreNotTimedAgain) {
+  emoe::forget_kernel_choices();
+  ASSERT_TRUE(all_empty(emoe::kernel_choices_json()));
+  const auto setting = emoe::set_float32_gemm(emoe::Float32Gemm::kMeasured);
+  torch::manual_seed(3);
+  // a float32 product past 16M multiply-adds (600 x 300 x 200: 36M): both choices timed
+  auto a = torch::randn({600, 300}), b = torch::randn({300, 200});
+  const auto want = a.to(torch::kDouble).mm(b.to(torch::kDouble));
+  auto out = torch::empty({600, 200});
+  emoe::gemm_out(out, a, b);
+  const bool onednn = emoe::onednn_matmul_enabled(a);
+  auto record = emoe::kernel_choices_json();
+  if (onednn) {
+    EXPECT_EQ(record["float32_library"].size(), 1u) << record.dump();
+    EXPECT_EQ(record["onednn_implementations"].size(), 1u) << record.dump();
+    EXPECT_EQ(emoe::float32_gemm_measurements().first, 1);
+  }
+  // a small product and an expert shape as another run would have chosen them
+  record["small_products"]["6,5,64,48,0,0"] = "library";
+  record["expert_paths"]["float32,64,16,4,0"] = "library";
+  const auto cpu = record["cpu"];
+  EXPECT_FALSE(cpu["isa"].get<std::string>().empty());
+
+  emoe::forget_kernel_choices();  // a new process
+  ASSERT_TRUE(all_empty(emoe::kernel_choices_json()));
+  const auto pin = emoe::pin_kernel_choices(record, "run/kernels.json");
+  EXPECT_TRUE(pin.pinned);
+  EXPECT_NE(pin.message.find("kernel choices pinned from run/kernels.json"), std::string::npos)
+      << pin.message;
+  EXPECT_EQ(emoe::kernel_choices_json(), record);
+  for (const auto& line : emoe::onednn_implementation_choices())
+    EXPECT_NE(line.find("(pinned)"), std::string::npos) << line;
+  const auto reports = emoe::expert_path_reports();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0], "4 experts of 16 x 64, float32: library (pinned)");
+  EXPECT_EQ(emoe::expert_path({at::kFloat, 64, 16, 4, false}), emoe::ExpertPath::kLibrary);
+  EXPECT_EQ(emoe::small_gemm_choices_made().at("6,5,64,48,0,0"), "library");
+  // the pinned product again: no timing, the same choices, the right product
+  const auto lines = emoe::onednn_implementation_choices().size();
+  emoe::gemm_out(out, a, b);
+  EXPECT_LE(emoe::test::max_abs_diff(out, want), 1e-4 * (1.0 + want.abs().max().item<double>()));
+  EXPECT_EQ(emoe::float32_gemm_measurements().first, 0);
+  EXPECT_EQ(emoe::onednn_implementation_choices().size(), lines);
+  EXPECT_EQ(emoe::kernel_choices_json(), record);
+  emoe::set_float32_gemm(setting);
+  emoe::forget_kernel_choices();
+}
+
+TEST(KernelChoices, ForeignOrMalformedRecordsPinNothing) {
+  emoe::forget_kernel_choices();
+  auto good = emoe::kernel_choices_json();
+  good["float32_library"]["600,300,;300,1,;200,1,;200,1,;-"] = "aten";
+  good["small_products"]["6,5,64,48,0,0"] = "library";
+
+  // timed on another CPU: nothing pinned, and the log line says why
+  auto foreign = good;
+  foreign["cpu"]["model"] = "Another CPU 9000";
+  const auto pin = emoe::pin_kernel_choices(foreign, "k.json");
+  EXPECT_FALSE(pin.pinned);
+  EXPECT_NE(pin.message.find("timed on another CPU (Another CPU 9000"), std::string::npos)
+      << pin.message;
+  EXPECT_TRUE(all_empty(emoe::kernel_choices_json()));
+
+  auto expect_error = [&](nlohmann::json record, const std::string& text) {
+    try {
+      emoe::pin_kernel_choices(record, "k.json");
+      ADD_FAILURE() << "pinned: " << record.dump();
+    } catch (const emoe::InputError& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind("k.json: ", 0), 0u) << what;
+      EXPECT_NE(what.find(text), std::string::npos) << what;
+    }
+    // the valid maps before the bad one were not kept either
+    EXPECT_TRUE(all_empty(emoe::kernel_choices_json())) << text;
+  };
+  auto r = good;
+  r.erase("cpu");
+  expect_error(r, "'cpu': expected");
+  r = good;
+  r["float32_library"]["k"] = "blas";
+  expect_error(r, "expected aten or onednn, got 'blas'");
+  r = good;
+  r["small_products"]["1,2"] = "library";
+  expect_error(r, "small product '1,2': expected six comma-separated integers");
+  r = good;
+  r["small_products"]["6,5,64,48,0,0"] = "fast";
+  expect_error(r, "expected kernels, library or widening, got 'fast'");
+  r = good;
+  r["expert_paths"]["float32,64,16,4,0"] = "warp";
+  expect_error(r, "'warp' is not a path this CPU has for float32");
+  r = good;
+  r["expert_paths"]["float16,64,16,4,0"] = "library";
+  expect_error(r, "experts 'float16,64,16,4,0': expected float32|bfloat16");
+  r = good;
+  r["expert_paths"] = nlohmann::json::array();
+  expect_error(r, "'expert_paths': expected an object of strings");
+  r = good;
+  r["onednn_implementations"]["f32 class"] = 3;
+  expect_error(r, "'onednn_implementations.f32 class': expected a string, got 3");
+}
