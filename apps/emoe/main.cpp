@@ -9,6 +9,7 @@
 #include "emoe/core/error.h"
 #include "emoe/core/logging.h"
 #include "emoe/core/runtime.h"
+#include "emoe/moe/kernel_choices.h"
 
 int main(int argc, char** argv) {
   emoe::ensure_runtime_environment(argc, argv);
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
                 << "' (commands: " << fmt::format("{}", fmt::join(names, ", ")) << ")\n";
       return 2;
     }
+    emoe::pin_kernel_choices_from_env();  // before any product is timed
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version

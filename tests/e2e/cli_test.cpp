@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "emoe/io/safetensors.h"
+#include "emoe/moe/kernel_choices.h"
 #include "support/test_support.h"
 
 namespace fs = std::filesystem;
@@ -338,6 +339,36 @@ TEST(Cli, BadInputsAndFlagsGiveOneClearError) {
   expect_one_error(run_emoe("generate " + bert), "needs a decoder language model");
   auto r = run_emoe("frobnicate");
   EXPECT_EQ(r.exit_code, 2);
+}
+
+// EMOE_KERNELS=FILE pins a finished run's kernels.json before the command runs (so a repeated
+// run computes on its kernels); another CPU's record is reported, an unreadable one refused.
+TEST(Cli, EmoeKernelsPinsARecordBeforeTheCommand) {
+  emoe::test::TempDir tmp;
+  auto record = emoe::kernel_choices_json();
+  record["small_products"]["6,3,1000,7,0,0"] = "library";
+  std::ofstream(tmp.file("kernels.json")) << record.dump();
+  record["cpu"]["model"] = "Another CPU 9000";
+  std::ofstream(tmp.file("foreign.json")) << record.dump();
+  std::ofstream(tmp.file("bad.json")) << R"({"cpu": 1})";
+  struct Env {
+    ~Env() { unsetenv("EMOE_KERNELS"); }
+  } env;
+  setenv("EMOE_KERNELS", tmp.file("kernels.json").c_str(), 1);
+  auto r = run_emoe("info --system");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("1 kernel choice pinned from " + tmp.file("kernels.json")),
+            std::string::npos)
+      << r.err;
+  setenv("EMOE_KERNELS", tmp.file("foreign.json").c_str(), 1);
+  r = run_emoe("info --system");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("kernels chosen afresh"), std::string::npos) << r.err;
+  setenv("EMOE_KERNELS", tmp.file("missing.json").c_str(), 1);
+  expect_one_error(run_emoe("info --system"), "EMOE_KERNELS: " + tmp.file("missing.json") +
+                                                  ": cannot read the kernel choices");
+  setenv("EMOE_KERNELS", tmp.file("bad.json").c_str(), 1);
+  expect_one_error(run_emoe("info --system"), "bad.json: 'cpu': expected");
 }
 
 // Issue 25: a prompt past the model's positions is refused before any of it is printed, and a

@@ -452,6 +452,9 @@ TEST(Train, ResumePinsTheKernelsItsRunTimed) {
   std::getline(std::ifstream(run + "/checkpoints/latest"), name);
   auto last = nlohmann::json::parse(std::ifstream(run + "/checkpoints/" + name + "/kernels.json"));
   EXPECT_EQ(last["small_products"]["6,3,1000,7,0,0"], "library");
+  // and the finished run's own record (EMOE_KERNELS=<it> repeats the run on its kernels)
+  auto final_record = nlohmann::json::parse(std::ifstream(run + "/kernels.json"));
+  EXPECT_EQ(final_record, emoe::kernel_choices_json());
   emoe::forget_kernel_choices();
 }
 

@@ -1,6 +1,8 @@
 // The timed kernel choices as a record (moe/kernel_choices.h): what a process chose round-trips
 // through JSON into another process (forget_kernel_choices stands in for one), the pinned choices
 // are used untimed, and a record from another CPU or a malformed one pins nothing.
+#include "emoe/moe/kernel_choices.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -8,7 +10,6 @@
 #include "emoe/models/matmul.h"
 #include "emoe/models/small_gemm.h"
 #include "emoe/moe/expert_ffn.h"
-#include "emoe/moe/kernel_choices.h"
 #include "support/test_support.h"
 
 namespace {

@@ -2,7 +2,10 @@
 #include "emoe/moe/kernel_choices.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
+#include <cstdlib>
+#include <fstream>
 #include <map>
 
 #include "emoe/core/cpu_info.h"
@@ -59,11 +62,14 @@ KernelPin pin_kernel_choices(const nlohmann::json& record, const std::string& wh
   const auto experts = string_map(record, "expert_paths", where);
   const auto here = cpu_json();
   if (record.at("cpu") != here)
-    return {false, fmt::format(
-        "kernels chosen afresh: {} was timed on another CPU ({}; {}), this one is {} ({}); the "
-        "resumed run may differ from an uninterrupted one in the last bits",
-        where, record["cpu"]["model"].get<std::string>(), record["cpu"]["isa"].get<std::string>(),
-        here["model"].get<std::string>(), here["isa"].get<std::string>())};
+    return {
+        false,
+        fmt::format(
+            "kernels chosen afresh: {} was timed on another CPU ({}; {}), this one is {} ({}); the "
+            "resumed run may differ from an uninterrupted one in the last bits",
+            where, record["cpu"]["model"].get<std::string>(),
+            record["cpu"]["isa"].get<std::string>(), here["model"].get<std::string>(),
+            here["isa"].get<std::string>())};
   // each module checks its whole map before pinning any of it; a later module's complaint
   // forgets what the earlier ones pinned (and this process's own choices: timed afresh)
   std::string problem = pin_gemm_choices(gemm);
@@ -73,9 +79,36 @@ KernelPin pin_kernel_choices(const nlohmann::json& record, const std::string& wh
     forget_kernel_choices();
     EMOE_THROW(InputError, "{}: {}", where, problem);
   }
-  const size_t n = gemm.float32_library.size() + gemm.onednn_implementations.size() +
-                   small.size() + experts.size();
-  return {true, fmt::format("{} kernel choices pinned from {}", n, where)};
+  const size_t n = gemm.float32_library.size() + gemm.onednn_implementations.size() + small.size() +
+                   experts.size();
+  return {true, fmt::format("{} kernel choice{} pinned from {}", n, n == 1 ? "" : "s", where)};
+}
+
+KernelPin pin_kernel_choices_file(const std::string& path) {
+  std::ifstream in(path);
+  EMOE_CHECK(in, InputError, "{}: cannot read the kernel choices", path);
+  nlohmann::json record;
+  try {
+    record = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    EMOE_THROW(InputError, "{}: not valid JSON: {}", path, e.what());
+  }
+  auto pin = pin_kernel_choices(record, path);
+  if (pin.pinned)
+    spdlog::info("{}", pin.message);
+  else
+    spdlog::warn("{}", pin.message);
+  return pin;
+}
+
+void pin_kernel_choices_from_env() {
+  const char* env = std::getenv("EMOE_KERNELS");
+  if (!env || !*env) return;
+  try {
+    pin_kernel_choices_file(env);
+  } catch (const InputError& e) {
+    EMOE_THROW(InputError, "EMOE_KERNELS: {}", e.what());
+  }
 }
 
 void forget_kernel_choices() {

@@ -26,6 +26,16 @@ struct KernelPin {
 };
 KernelPin pin_kernel_choices(const nlohmann::json& record, const std::string& where);
 
+// pin_kernel_choices for the JSON file at `path` (a checkpoint's kernels.json, or a finished
+// run's), logged: info where pinned, a warning where not. InputError naming the file where it
+// cannot be read or is not valid JSON.
+KernelPin pin_kernel_choices_file(const std::string& path);
+
+// EMOE_KERNELS=FILE (set: the emoe command pins that record before anything runs, so that a run
+// repeated with its first run's kernels.json computes on the same kernels, bit for bit):
+// pin_kernel_choices_file(FILE); nothing where the variable is unset or empty.
+void pin_kernel_choices_from_env();
+
 // Forgets every timed choice (tests stand in for a new process).
 void forget_kernel_choices();
 

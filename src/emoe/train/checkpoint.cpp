@@ -2,7 +2,6 @@
 #include "emoe/train/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -179,20 +178,7 @@ bool load_checkpoint(const std::string& run_dir, PretrainedModelImpl& model, Opt
   state = TrainState::from_json(j, file("state.json"));
   // absent in checkpoints written before 2026-12-06: every kernel is then timed afresh
   const auto kernels = (fs::path(dir) / "kernels.json").string();
-  if (fs::exists(kernels)) {
-    std::ifstream kin(kernels);
-    nlohmann::json k;
-    try {
-      k = nlohmann::json::parse(kin);
-    } catch (const nlohmann::json::exception& e) {
-      EMOE_THROW(InputError, "{}: not valid JSON: {}", kernels, e.what());
-    }
-    const auto pin = pin_kernel_choices(k, kernels);
-    if (pin.pinned)
-      spdlog::info("{}", pin.message);
-    else
-      spdlog::warn("{}", pin.message);
-  }
+  if (fs::exists(kernels)) pin_kernel_choices_file(kernels);
   return true;
 }
 

@@ -16,6 +16,7 @@
 #include "emoe/io/safetensors.h"
 #include "emoe/methods/model_folder.h"
 #include "emoe/models/routed.h"
+#include "emoe/moe/kernel_choices.h"
 #include "emoe/moe/usage.h"
 #include "emoe/train/checkpoint.h"
 #include "emoe/train/objective.h"
@@ -564,6 +565,9 @@ TrainResult TrainLoop::run() {
     export_run_model(*c_.model, c_.moe, c_.peft, c_.dir, c_.cfg.model, c_.cfg.export_dense,
                      c_.cfg.max_shard_bytes);
   }
+  // the kernels this run chose by timing: EMOE_KERNELS=<this file> repeats them (kernel_choices.h)
+  write_text_atomic((fs::path(c_.dir) / "kernels.json").string(),
+                    kernel_choices_json().dump(1) + "\n");
   write_text_atomic((fs::path(c_.dir) / "results.json").string(), result.results.dump(2) + "\n");
   return result;
 }
