@@ -108,6 +108,7 @@ class TrainLoop {
   void end_epoch(int64_t epoch);
   void checkpoint();
   void gather_optimizer_state();
+  void share_kernel_choices();
   void drop_unowned_optimizer_state();
   double clip_sharded_gradients();
   nlohmann::json memory_record();
@@ -132,6 +133,7 @@ class TrainLoop {
   Optimizer opt_;
   const StepPlan plan_;
   const std::string metrics_path_, best_path_;
+  int64_t kernel_shares_ = 0;  // checkpoints that shared rank 0's kernel choices (the first logs)
   TrainState st_;
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<ParameterShards> shards_;  // train.sharding full
@@ -231,6 +233,7 @@ void TrainLoop::start_sync_and_usage() {
 
 void TrainLoop::checkpoint() {
   Unmeasured unmeasured(*this);  // the checkpoint's own memory is not the training's
+  share_kernel_choices();
   // sharded: every rank sends its share of the optimiser state to rank 0 first, so that the
   // checkpoint is whole and resumes at any world size and sharding level
   if (sync_ && sync_->sharded()) gather_optimizer_state();
@@ -241,6 +244,33 @@ void TrainLoop::checkpoint() {
   save_checkpoint(c_.dir, *c_.model, opt_, st_);
   usage_.save(c_.dir);
   if (sync_ && sync_->sharded()) drop_unowned_optimizer_state();
+}
+
+// Data parallel: every rank takes rank 0's timed kernel choices from here on (each rank timed its
+// own on first sight, and may have chosen differently), so that the record the checkpoint keeps
+// is what every rank computes with, in this run after the checkpoint as in a resumed one.
+void TrainLoop::share_kernel_choices() {
+  if (!c_.comm || c_.comm->size() < 2) return;
+  std::vector<double> bytes;
+  if (c_.main_rank()) {
+    const auto text = kernel_choices_json().dump();
+    for (unsigned char ch : text) bytes.push_back(static_cast<double>(ch));
+  }
+  const auto rows = c_.comm->all_gather(bytes);
+  const bool first = kernel_shares_++ == 0;
+  if (c_.main_rank()) {
+    if (first)
+      spdlog::info(
+          "data parallel: every rank computes on rank 0's timed kernels from step {} on (the "
+          "record a checkpoint keeps)",
+          st_.step);
+    return;
+  }
+  std::string text;
+  text.reserve(rows[0].size());
+  for (double b : rows[0]) text.push_back(static_cast<char>(static_cast<unsigned char>(b)));
+  const auto pin = pin_kernel_choices(nlohmann::json::parse(text), "rank 0's record");
+  if (!pin.pinned && first) spdlog::warn("rank {}: {}", c_.comm->rank(), pin.message);
 }
 
 // Parameter by parameter (bounded memory), its owner broadcasts [has state, step] and then the
