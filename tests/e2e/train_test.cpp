@@ -40,6 +40,14 @@ emoe::RunConfig tiny_run(const std::string& model, const std::string& method,
   return emoe::load_run_config("", sets);
 }
 
+// A full fine-tuning run of bert-mini stopped after 2 steps (a checkpoint to resume); returns run.
+std::string stopped_run(const std::string& bert, const std::string& run) {
+  auto stopped = emoe::run_training(
+      tiny_run(bert, "full", run, {"save_best=false", "train.stop_after_steps=2"}), false);
+  EXPECT_TRUE(stopped.stopped_early);
+  return run;
+}
+
 std::map<std::string, torch::Tensor> checkpoint_weights(const std::string& run) {
   std::ifstream in(run + "/checkpoints/latest");
   std::string name;
@@ -354,10 +362,7 @@ TEST(Train, RunFolderIntegrityOnResume) {
   EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
   EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
   emoe::test::TempDir tmp;
-  auto run = tmp.file("run");
-  auto stopped = emoe::run_training(
-      tiny_run(bert, "full", run, {"save_best=false", "train.stop_after_steps=2"}), false);
-  ASSERT_TRUE(stopped.stopped_early);
+  const auto run = stopped_run(bert, tmp.file("run"));
   // a copy elsewhere resumes (the output path is not part of the run)
   auto copy = tmp.file("copy");
   fs::copy(run, copy, fs::copy_options::recursive);
@@ -403,10 +408,7 @@ TEST(Train, ResumePinsTheKernelsItsRunTimed) {
   EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
   EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
   emoe::test::TempDir tmp;
-  auto run = tmp.file("run");
-  auto stopped = emoe::run_training(
-      tiny_run(bert, "full", run, {"save_best=false", "train.stop_after_steps=2"}), false);
-  ASSERT_TRUE(stopped.stopped_early);
+  const auto run = stopped_run(bert, tmp.file("run"));
   std::string name;
   std::getline(std::ifstream(run + "/checkpoints/latest"), name);
   const auto kernels = run + "/checkpoints/" + name + "/kernels.json";

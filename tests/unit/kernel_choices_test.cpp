@@ -101,25 +101,30 @@ TEST(KernelChoices, ForeignOrMalformedRecordsPinNothing) {
   auto r = good;
   r.erase("cpu");
   expect_error(r, "'cpu': expected");
-  r = good;
-  r["float32_library"]["k"] = "blas";
-  expect_error(r, "expected aten or onednn, got 'blas'");
-  r = good;
-  r["small_products"]["1,2"] = "library";
-  expect_error(r, "small product '1,2': expected six comma-separated integers");
-  r = good;
-  r["small_products"]["6,5,64,48,0,0"] = "fast";
-  expect_error(r, "expected kernels, library or widening, got 'fast'");
-  r = good;
-  r["expert_paths"]["float32,64,16,4,0"] = "warp";
-  expect_error(r, "'warp' is not a path this CPU has for float32");
-  r = good;
-  r["expert_paths"]["float16,64,16,4,0"] = "library";
-  expect_error(r, "experts 'float16,64,16,4,0': expected float32|bfloat16");
+  struct Bad {
+    const char* field;
+    std::string key;
+    nlohmann::json value;
+    const char* expect;
+  };
+  const std::vector<Bad> bad = {
+      {"float32_library", "k", "blas", "expected aten or onednn, got 'blas'"},
+      {"small_products", "1,2", "library",
+       "small product '1,2': expected six comma-separated integers"},
+      {"small_products", "6,5,64,48,0,0", "fast",
+       "expected kernels, library or widening, got 'fast'"},
+      {"expert_paths", "float32,64,16,4,0", "warp",
+       "'warp' is not a path this CPU has for float32"},
+      {"expert_paths", "float16,64,16,4,0", "library",
+       "experts 'float16,64,16,4,0': expected float32|bfloat16"},
+      {"onednn_implementations", "f32 class", 3,
+       "'onednn_implementations.f32 class': expected a string, got 3"}};
+  for (const auto& b : bad) {
+    r = good;
+    r[b.field][b.key] = b.value;
+    expect_error(r, b.expect);
+  }
   r = good;
   r["expert_paths"] = nlohmann::json::array();
   expect_error(r, "'expert_paths': expected an object of strings");
-  r = good;
-  r["onednn_implementations"]["f32 class"] = 3;
-  expect_error(r, "'onednn_implementations.f32 class': expected a string, got 3");
 }
