@@ -67,6 +67,11 @@ TEST(KernelChoices, RecordRoundTripsAndPinnedChoicesAreNotTimedAgain) {
   EXPECT_EQ(emoe::float32_gemm_measurements().first, 0);
   EXPECT_EQ(emoe::onednn_implementation_choices().size(), lines);
   EXPECT_EQ(emoe::kernel_choices_json(), record);
+  // pinned again (a data-parallel rank at each checkpoint): nothing changes, no new lines
+  const auto reports_before = emoe::expert_path_reports().size();
+  EXPECT_TRUE(emoe::pin_kernel_choices(record, "again").pinned);
+  EXPECT_EQ(emoe::onednn_implementation_choices().size(), lines);
+  EXPECT_EQ(emoe::expert_path_reports().size(), reports_before);
   emoe::set_float32_gemm(setting);
   emoe::forget_kernel_choices();
 }
@@ -111,6 +116,8 @@ TEST(KernelChoices, ForeignOrMalformedRecordsPinNothing) {
       {"float32_library", "k", "blas", "expected aten or onednn, got 'blas'"},
       {"small_products", "1,2", "library",
        "small product '1,2': expected six comma-separated integers"},
+      {"small_products", "6,5,64,48,0,123456789012345678901", "library",
+       "expected six comma-separated integers"},
       {"small_products", "6,5,64,48,0,0", "fast",
        "expected kernels, library or widening, got 'fast'"},
       {"expert_paths", "float32,64,16,4,0", "warp",

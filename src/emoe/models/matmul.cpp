@@ -703,6 +703,8 @@ std::string pin_gemm_choices(const GemmChoiceSet& set) {
     auto& c = impl_choices();
     std::lock_guard<std::mutex> lock(c.mutex);
     for (const auto& [cls, name] : set.onednn_implementations) {
+      auto it = c.by_class.find(cls);
+      if (it != c.by_class.end() && it->second == name) continue;  // (no new line)
       c.by_class.insert_or_assign(cls, name);
       if (c.log.size() < 256) c.log.push_back(cls + ": " + name + " (pinned)");
     }

@@ -54,9 +54,9 @@ struct GemmChoiceSet {
   std::map<std::string, std::string> float32_library, onednn_implementations;
 };
 GemmChoiceSet gemm_choices_made();
-// Pins them (replacing this process's choice for those keys; each listed by
-// onednn_implementation_choices as "class: name (pinned)"); "" or what is malformed (nothing is
-// pinned then). Only EMOE_GEMM unset (measured) consults them.
+// Pins them (replacing this process's choice for those keys; each that changes a choice listed
+// by onednn_implementation_choices as "class: name (pinned)"); "" or what is malformed (nothing
+// is pinned then). Only EMOE_GEMM unset (measured) consults them.
 std::string pin_gemm_choices(const GemmChoiceSet& set);
 // Forgets every choice (tests stand in for a new process).
 void forget_gemm_choices();

@@ -393,7 +393,9 @@ std::string pin_small_gemm_choices(const std::map<std::string, std::string>& cho
     for (; i < key.size() && at <= text.size(); ++i) {
       const size_t end = std::min(text.find(',', at), text.size());
       const std::string part = text.substr(at, end - at);
-      if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos) break;
+      if (part.empty() || part.size() > 18 ||
+          part.find_first_not_of("0123456789") != std::string::npos)
+        break;
       key[i] = std::stoll(part);
       at = end + 1;
     }

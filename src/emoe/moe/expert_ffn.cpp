@@ -731,7 +731,8 @@ std::string pin_expert_path_choices(const std::map<std::string, std::string>& ch
     const bool dtype_ok = !parts.empty() && (parts[0] == "float32" || parts[0] == "bfloat16");
     bool ints_ok = parts.size() == 5;
     for (size_t i = 1; ints_ok && i < parts.size(); ++i)
-      ints_ok = !parts[i].empty() && parts[i].find_first_not_of("0123456789") == std::string::npos;
+      ints_ok = !parts[i].empty() && parts[i].size() <= 18 &&
+                parts[i].find_first_not_of("0123456789") == std::string::npos;
     if (!dtype_ok || !ints_ok)
       return fmt::format(
           "experts '{}': expected float32|bfloat16,width,neurons,experts,gated (0 or 1)", text);
@@ -750,6 +751,8 @@ std::string pin_expert_path_choices(const std::map<std::string, std::string>& ch
   auto& c = path_choices();
   std::lock_guard<std::mutex> lock(c.mutex);
   for (const auto& [key, choice] : parsed) {
+    auto it = c.by_shape.find(key);
+    if (it != c.by_shape.end() && it->second.path == choice.path) continue;  // (no new line)
     c.by_shape.insert_or_assign(key, choice);
     const auto& [dtype, d, s, experts, gated] = key;
     c.reports.push_back(fmt::format(
