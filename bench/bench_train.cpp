@@ -18,6 +18,8 @@
 //   inference forward's. --gemm-ab (with --single): then alternates training steps with oneDNN's
 //   implementation of each product chosen by measurement (the default) and oneDNN's own first
 //   choice everywhere (EMOE_GEMM=onednn), and reports the step-time ratio measured/default.
+//   EMOE_KERNELS=FILE (a run's kernels.json): every row's process pins that record's timed
+//   kernel choices first, as the emoe command does (runs then compare on the same kernels).
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -34,6 +36,7 @@
 #include "emoe/models/loader.h"
 #include "emoe/moe/convert.h"
 #include "emoe/moe/expert_ffn.h"
+#include "emoe/moe/kernel_choices.h"
 #include "emoe/train/method.h"
 #include "emoe/train/method_table.h"
 #include "emoe/train/optim.h"
@@ -487,6 +490,7 @@ int main(int argc, char** argv) {
                "--precision: expected fp32, bf16 or both, got '{}'", a.precision);
     if (!a.single_model.empty()) {
       emoe::configure_threads(0);
+      emoe::pin_kernel_choices_from_env();  // EMOE_KERNELS: every row on one record's kernels
       measure_one(a);
       return 0;
     }
