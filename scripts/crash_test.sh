@@ -25,6 +25,9 @@ final_weights() { echo "$1/checkpoints/$(cat "$1/checkpoints/latest")/model.safe
 
 echo "crash test: reference run"
 "$EMOE" train "${args[@]}" -o "$tmp/ref" > /dev/null
+# the interrupted runs compute on the reference run's timed kernels (README "Kernels chosen by
+# timing"): two processes may time a close call differently, which is not what this tests
+export EMOE_KERNELS="$tmp/ref/kernels.json"
 RANDOM=$SEED
 kills=0 finished=0
 for i in $(seq 1 "$KILLS"); do
