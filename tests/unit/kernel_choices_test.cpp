@@ -40,6 +40,8 @@ TEST(KernelChoices, RecordRoundTripsAndPinnedChoicesAreNotTimedAgain) {
     EXPECT_EQ(record["onednn_implementations"].size(), 1u) << record.dump();
     EXPECT_EQ(emoe::float32_gemm_measurements().first, 1);
   }
+  // (oneDNN for the product below, whichever library won its timing: a primitive to cache)
+  for (auto& entry : record["float32_library"].items()) entry.value() = "onednn";
   // a small product and an expert shape as another run would have chosen them
   record["small_products"]["6,5,64,48,0,0"] = "library";
   record["expert_paths"]["float32,64,16,4,0"] = "library";
@@ -69,9 +71,23 @@ TEST(KernelChoices, RecordRoundTripsAndPinnedChoicesAreNotTimedAgain) {
   EXPECT_EQ(emoe::kernel_choices_json(), record);
   // pinned again (a data-parallel rank at each checkpoint): nothing changes, no new lines
   const auto reports_before = emoe::expert_path_reports().size();
+  const auto cached = emoe::onednn_primitives_cached();
   EXPECT_TRUE(emoe::pin_kernel_choices(record, "again").pinned);
   EXPECT_EQ(emoe::onednn_implementation_choices().size(), lines);
   EXPECT_EQ(emoe::expert_path_reports().size(), reports_before);
+  EXPECT_EQ(emoe::onednn_primitives_cached(), cached);
+  if (onednn) {
+    // another implementation pinned for a class this process chose: its cached primitives
+    // (made with the old choice) go, so that the next product takes the new one
+    EXPECT_GT(cached, 0);
+    auto other = record;
+    auto& impls = other["onednn_implementations"];
+    impls[impls.begin().key()] = "another:impl";
+    EXPECT_TRUE(emoe::pin_kernel_choices(other, "other").pinned);
+    EXPECT_EQ(emoe::onednn_primitives_cached(), 0);
+    emoe::gemm_out(out, a, b);  // (an implementation oneDNN does not offer: its first)
+    EXPECT_LE(emoe::test::max_abs_diff(out, want), 1e-4 * (1.0 + want.abs().max().item<double>()));
+  }
   emoe::set_float32_gemm(setting);
   emoe::forget_kernel_choices();
 }

@@ -105,6 +105,13 @@ PrimitiveCache& primitive_cache() {
   return cache;
 }
 
+// (a pinned implementation choice replaced one that cached primitives were made with)
+void drop_cached_primitives() {
+  auto& cache = primitive_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.map.clear();
+}
+
 void append_key(std::string& key, at::IntArrayRef v) {
   for (auto x : v) {
     key += std::to_string(x);
@@ -699,16 +706,20 @@ std::string pin_gemm_choices(const GemmChoiceSet& set) {
     if (lib != "aten" && lib != "onednn")
       return fmt::format("float32 library of '{}': expected aten or onednn, got '{}'", key, lib);
 #ifdef EMOE_HAVE_ONEDNN
+  bool changed = false;
   {
     auto& c = impl_choices();
     std::lock_guard<std::mutex> lock(c.mutex);
     for (const auto& [cls, name] : set.onednn_implementations) {
       auto it = c.by_class.find(cls);
       if (it != c.by_class.end() && it->second == name) continue;  // (no new line)
+      changed = changed || it != c.by_class.end();
       c.by_class.insert_or_assign(cls, name);
       if (c.log.size() < 256) c.log.push_back(cls + ": " + name + " (pinned)");
     }
   }
+  // a class this process had chosen otherwise: its cached primitives hold the old choice
+  if (changed) drop_cached_primitives();
 #endif
   auto& g = gemm_choices();
   std::lock_guard<std::mutex> lock(g.mutex);
@@ -724,6 +735,7 @@ void forget_gemm_choices() {
     c.by_class.clear();
     c.log.clear();
   }
+  drop_cached_primitives();
 #endif
   auto& g = gemm_choices();
   std::lock_guard<std::mutex> lock(g.mutex);
@@ -735,6 +747,16 @@ std::pair<int64_t, int64_t> float32_gemm_measurements() {
   auto& c = gemm_choices();
   std::lock_guard<std::mutex> lock(c.mutex);
   return {c.measured, c.chose_aten};
+}
+
+int64_t onednn_primitives_cached() {
+#ifdef EMOE_HAVE_ONEDNN
+  auto& cache = primitive_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  return static_cast<int64_t>(cache.map.size());
+#else
+  return 0;
+#endif
 }
 
 int64_t onednn_product_count() {

@@ -55,12 +55,15 @@ struct GemmChoiceSet {
 };
 GemmChoiceSet gemm_choices_made();
 // Pins them (replacing this process's choice for those keys; each that changes a choice listed
-// by onednn_implementation_choices as "class: name (pinned)"); "" or what is malformed (nothing
-// is pinned then). Only EMOE_GEMM unset (measured) consults them.
+// by onednn_implementation_choices as "class: name (pinned)", and where one replaces an earlier
+// choice the cached primitives are dropped, so that every later product takes it); "" or what is
+// malformed (nothing is pinned then). Only EMOE_GEMM unset (measured) consults them.
 std::string pin_gemm_choices(const GemmChoiceSet& set);
 // Forgets every choice (tests stand in for a new process).
 void forget_gemm_choices();
 
+// oneDNN primitives cached (one per product shape, layout and options seen; tests).
+int64_t onednn_primitives_cached();
 // How many products oneDNN has computed in this process (tests check the path was taken).
 int64_t onednn_product_count();
 
