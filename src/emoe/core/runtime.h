@@ -13,7 +13,7 @@ namespace emoe {
 // a dispatched MoE FFN 2.7x). libgomp reads OMP_WAIT_POLICY only when it is loaded, before
 // main(), so when it is unset this sets it to PASSIVE and re-executes the program once.
 // Call first thing in main(); returns normally when nothing needed doing.
-// (OPENBLAS_CORETYPE is left as the environment has it: see the README's performance notes.)
+// (OPENBLAS_CORETYPE is left as the environment has it: see docs/performance/history.md.)
 void ensure_runtime_environment(int argc, char** argv);
 
 // Keeps freed large blocks in the heap for reuse (no page faults on every training step): CPU
