@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Runs every benchmark program and writes docs/performance/{gemm,train,ffn,generate,rows,dist}.md +
-# train.json.
+# Runs every benchmark program and writes docs/performance/{gemm,train,ffn,generate,rows,dist,
+# eager}.md + train.json.
 # Usage: scripts/bench.sh [BUILD_DIR]   (default build/; takes about 20 minutes on 2 cores)
-# Quick check of the same code path: QUICK=1 scripts/bench.sh (tiny shapes, a minute).
+# Quick check of the same code path: QUICK=1 scripts/bench.sh (tiny shapes, a minute; bench_eager's
+# quick run is the test Bench.EagerQuick).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 out=docs/performance
-for b in bench_gemm bench_train bench_ffn bench_generate bench_rows; do
+for b in bench_gemm bench_train bench_ffn bench_generate bench_rows bench_eager; do
   [[ -x "$build/bench/$b" ]] || { echo "bench.sh: $build/bench/$b not built (run scripts/setup.sh)" >&2; exit 2; }
 done
 mkdir -p "$out"
@@ -31,3 +32,4 @@ fi
 "$build/bench/bench_generate" | tee "$out/generate.md"
 "$build/bench/bench_rows" | tee "$out/rows.md"
 scripts/bench_dist.sh "$build" | tee "$out/dist.md"
+"$build/bench/bench_eager" | tee "$out/eager.md"
