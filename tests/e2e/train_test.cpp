@@ -316,7 +316,12 @@ TEST(TrainE2E, OwnDatasetNeedsNoGlueTask) {
   auto y = emoe::test::run_emoe("eval " + tmp.file("run/model") + " -c " + tmp.file("run.yaml") +
                                 " --json -q");
   ASSERT_EQ(y.exit_code, 0) << y.err;
-  EXPECT_EQ(nlohmann::json::parse(y.out)["dev"], j["dev"]);
+  // the same examples and metric; the loss to rounding only: each eval process times its own
+  // kernel choices (ATen or oneDNN per shape), which may sum in another order
+  auto yd = nlohmann::json::parse(y.out)["dev"];
+  EXPECT_EQ(yd["examples"], j["dev"]["examples"]);
+  EXPECT_EQ(yd["metrics"], j["dev"]["metrics"]);
+  EXPECT_NEAR(yd["loss"].get<double>(), j["dev"]["loss"].get<double>(), 1e-6);
   // -c and --task exclude each other; one of them is needed
   auto both = emoe::test::run_emoe("eval " + tmp.file("run/model") + " -c " + tmp.file("run.yaml") +
                                    " --task sst2");
