@@ -10,6 +10,8 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -32,18 +34,98 @@ inline std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-// A flag's positive integer; UsageError naming the flag otherwise.
-inline int64_t positive(const std::string& flag, const std::string& text) {
+// `text` read whole as a number by `read` (std::stoll, std::stod); nullopt if it is not one.
+template <typename T>
+std::optional<T> number_of(const std::string& text, T (*read)(const std::string&, size_t*)) {
   size_t used = 0;
-  int64_t v = 0;
   try {
-    v = std::stoll(text, &used);
+    const T v = read(text, &used);
+    if (used == text.size()) return v;
   } catch (const std::exception&) {
-    used = 0;
   }
-  EMOE_CHECK(used == text.size() && v >= 1, UsageError, "{}: expected a positive integer, got '{}'",
-             flag, text);
-  return v;
+  return std::nullopt;
+}
+
+// A flag's integer of at least `least`; UsageError naming the flag otherwise.
+inline int64_t integer_at_least(const std::string& flag, const std::string& text, int64_t least) {
+  const auto v = number_of<long long>(
+      text, [](const std::string& t, size_t* used) { return std::stoll(t, used); });
+  EMOE_CHECK(v && *v >= least, UsageError, "{}: expected {} integer, got '{}'", flag,
+             least == 1 ? "a positive" : (least == 0 ? "a non-negative" : "an"), text);
+  return static_cast<int64_t>(*v);
+}
+
+inline int64_t positive(const std::string& flag, const std::string& text) {
+  return integer_at_least(flag, text, 1);
+}
+
+// A flag's number of seconds (> 0); UsageError naming the flag otherwise.
+inline double seconds(const std::string& flag, const std::string& text) {
+  const auto v = number_of<double>(
+      text, [](const std::string& t, size_t* used) { return std::stod(t, used); });
+  EMOE_CHECK(v && *v > 0, UsageError, "{}: expected seconds above 0, got '{}'", flag, text);
+  return *v;
+}
+
+// The next command-line argument, the value of the flag being read (UsageError naming the flag
+// when there is none).
+using FlagValue = std::function<std::string()>;
+
+// Reads argv[1..] as a benchmark's flags: -h/--help prints `usage` to stdout; every other
+// argument goes to take(argument, value), which returns false for one it does not know; then
+// `check` (if any) validates what was read. Returns 0 after --help, 2 after a usage error (one
+// line "PROGRAM: error: ..." and the usage on stderr), and -1 when the program should go on.
+inline int parse_flags(int argc, char** argv, const std::string& program, const std::string& usage,
+                       const std::function<bool(const std::string&, const FlagValue&)>& take,
+                       const std::function<void()>& check = {}) {
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string k = argv[i];
+      if (k == "--help" || k == "-h") {
+        std::cout << usage;
+        return 0;
+      }
+      const FlagValue value = [&]() -> std::string {
+        EMOE_CHECK(i + 1 < argc, UsageError, "{}: expected a value", k);
+        return argv[++i];
+      };
+      EMOE_CHECK(take(k, value), UsageError, "unknown argument '{}'", k);
+    }
+    if (check) check();
+  } catch (const std::exception& e) {
+    std::cerr << program << ": error: " << e.what() << "\n" << usage;
+    return 2;
+  }
+  return -1;
+}
+
+// Greedy decoding's flags, shared by bench_generate and bench_eager: --batches 1,8, --prompt N,
+// --new N (at least 2), --reps N, --layers N. Returns whether `k` was one of them.
+struct DecodeFlags {
+  std::vector<int64_t>* batches;
+  int64_t* prompt;
+  int64_t* new_tokens;
+  int64_t* reps;
+  int64_t* layers;
+};
+inline bool decode_flag(const std::string& k, const FlagValue& value, const DecodeFlags& f) {
+  if (k == "--batches") {
+    f.batches->clear();
+    for (const auto& b : split_list(value())) f.batches->push_back(positive(k, b));
+    EMOE_CHECK(!f.batches->empty(), UsageError, "--batches: expected a list like 1,8");
+  } else if (k == "--prompt") {
+    *f.prompt = positive(k, value());
+  } else if (k == "--new") {
+    *f.new_tokens = positive(k, value());
+    EMOE_CHECK(*f.new_tokens >= 2, UsageError, "--new: expected at least 2 tokens");
+  } else if (k == "--reps") {
+    *f.reps = positive(k, value());
+  } else if (k == "--layers") {
+    *f.layers = positive(k, value());
+  } else {
+    return false;
+  }
+  return true;
 }
 
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {

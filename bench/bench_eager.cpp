@@ -440,64 +440,46 @@ int main(int argc, char** argv) {
   emoe::ensure_runtime_environment(argc, argv);
   emoe::init_logging(1);
   Args a;
-  try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string k = argv[i];
-      auto next = [&]() -> std::string {
-        EMOE_CHECK(i + 1 < argc, UsageError, "{}: expected a value", k);
-        return argv[++i];
-      };
-      if (k == "--help" || k == "-h") {
-        std::cout << kUsage;
-        return 0;
-      } else if (k == "--models") {
-        a.models = split_list(next());
-      } else if (k == "--precision") {
-        const auto p = next();
-        EMOE_CHECK(p == "fp32" || p == "bf16" || p == "both", UsageError,
-                   "--precision: expected fp32, bf16 or both, got '{}'", p);
-        a.precisions =
-            p == "both" ? std::vector<std::string>{"fp32", "bf16"} : std::vector<std::string>{p};
-      } else if (k == "--steps") {
-        a.steps = positive(k, next());
-      } else if (k == "--warmup") {
-        a.warmup = positive(k, next());
-      } else if (k == "--batch") {
-        a.batch = positive(k, next());
-      } else if (k == "--seq") {
-        a.seq = positive(k, next());
-      } else if (k == "--layers") {
-        a.layers = positive(k, next());
-      } else if (k == "--no-generate") {
-        a.generate = false;
-      } else if (k == "--batches") {
-        a.batches.clear();
-        for (const auto& b : split_list(next())) a.batches.push_back(positive(k, b));
-        EMOE_CHECK(!a.batches.empty(), UsageError, "--batches: expected a list like 1,8");
-      } else if (k == "--prompt") {
-        a.prompt = positive(k, next());
-      } else if (k == "--new") {
-        a.new_tokens = positive(k, next());
-        EMOE_CHECK(a.new_tokens >= 2, UsageError, "--new: expected at least 2 tokens");
-      } else if (k == "--reps") {
-        a.reps = positive(k, next());
-      } else if (k == "--profile-inference") {
-        a.profile = next();
-      } else if (k == "--peak-seconds") {
-        a.peak_seconds = std::stod(next());
-      } else if (k == "--markdown") {
-        a.markdown_out = next();
-      } else if (k == "--json") {
-        a.json_out = next();
-      } else {
-        EMOE_THROW(UsageError, "unknown argument '{}'", k);
-      }
-    }
-    EMOE_CHECK(!a.models.empty(), UsageError, "--models: expected a list like bert-base");
-  } catch (const std::exception& e) {
-    std::cerr << "bench_eager: error: " << e.what() << "\n" << kUsage;
-    return 2;
-  }
+  const emoe::bench::DecodeFlags decode{&a.batches, &a.prompt, &a.new_tokens, &a.reps, &a.layers};
+  const int parsed = emoe::bench::parse_flags(
+      argc, argv, "bench_eager", kUsage,
+      [&](const std::string& k, const emoe::bench::FlagValue& value) {
+        if (emoe::bench::decode_flag(k, value, decode)) return true;
+        if (k == "--models") {
+          a.models = split_list(value());
+        } else if (k == "--precision") {
+          const auto p = value();
+          EMOE_CHECK(p == "fp32" || p == "bf16" || p == "both", UsageError,
+                     "--precision: expected fp32, bf16 or both, got '{}'", p);
+          a.precisions =
+              p == "both" ? std::vector<std::string>{"fp32", "bf16"} : std::vector<std::string>{p};
+        } else if (k == "--steps") {
+          a.steps = positive(k, value());
+        } else if (k == "--warmup") {
+          a.warmup = positive(k, value());
+        } else if (k == "--batch") {
+          a.batch = positive(k, value());
+        } else if (k == "--seq") {
+          a.seq = positive(k, value());
+        } else if (k == "--no-generate") {
+          a.generate = false;
+        } else if (k == "--profile-inference") {
+          a.profile = value();
+        } else if (k == "--peak-seconds") {
+          a.peak_seconds = emoe::bench::seconds(k, value());
+        } else if (k == "--markdown") {
+          a.markdown_out = value();
+        } else if (k == "--json") {
+          a.json_out = value();
+        } else {
+          return false;
+        }
+        return true;
+      },
+      [&] {
+        EMOE_CHECK(!a.models.empty(), UsageError, "--models: expected a list like bert-base");
+      });
+  if (parsed >= 0) return parsed;
   try {
     return run(a);
   } catch (const std::exception& e) {

@@ -23,6 +23,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: bench_ffn [--tokens N] [--reps R] [--precision fp32|bf16] [--device cpu|cuda]\n"
+    "                 [TOKENS [REPS]]\n"
     "  one BERT-base FFN (768 x 3072) forward+backward: dense, EMoE masked and EMoE dispatched\n"
     "  at N 64 and 16, k/N 1/2, 1/4, 1/8; medians of R steps after one warm-up (defaults 2048, "
     "5)\n";
@@ -49,41 +50,34 @@ int main(int argc, char** argv) {
   std::string precision_text = "fp32", device_text = "cpu";
   emoe::Precision precision = emoe::Precision::kFp32;
   c10::Device device(c10::kCPU);
-  try {
-    std::vector<std::string> positional;
-    for (int i = 1; i < argc; ++i) {
-      const std::string k = argv[i];
-      auto next = [&]() -> std::string {
-        EMOE_CHECK(i + 1 < argc, UsageError, "{}: expected a value", k);
-        return argv[++i];
-      };
-      if (k == "--help" || k == "-h") {
-        std::cout << kUsage;
-        return 0;
-      } else if (k == "--tokens") {
-        tokens = positive(k, next());
-      } else if (k == "--reps") {
-        reps = positive(k, next());
-      } else if (k == "--precision") {
-        precision_text = next();
-      } else if (k == "--device") {
-        device_text = next();
-      } else if (!k.empty() && k[0] != '-') {
-        positional.push_back(k);
-      } else {
-        EMOE_THROW(UsageError, "unknown argument '{}'", k);
-      }
-    }
-    EMOE_CHECK(positional.size() <= 2, UsageError,
-               "expected at most two positional arguments (TOKENS REPS)");
-    if (!positional.empty()) tokens = positive("TOKENS", positional[0]);
-    if (positional.size() > 1) reps = positive("REPS", positional[1]);
-    precision = emoe::parse_precision(precision_text);
-    device = emoe::parse_device(device_text);
-  } catch (const std::exception& e) {
-    std::cerr << "bench_ffn: error: " << e.what() << " (bench_ffn --help for usage)\n";
-    return 2;
-  }
+  std::vector<std::string> positional;
+  const int parsed = emoe::bench::parse_flags(
+      argc, argv, "bench_ffn", kUsage,
+      [&](const std::string& k, const emoe::bench::FlagValue& value) {
+        if (k == "--tokens") {
+          tokens = positive(k, value());
+        } else if (k == "--reps") {
+          reps = positive(k, value());
+        } else if (k == "--precision") {
+          precision_text = value();
+        } else if (k == "--device") {
+          device_text = value();
+        } else if (!k.empty() && k[0] != '-') {
+          positional.push_back(k);
+        } else {
+          return false;
+        }
+        return true;
+      },
+      [&] {
+        EMOE_CHECK(positional.size() <= 2, UsageError,
+                   "expected at most two positional arguments (TOKENS REPS)");
+        if (!positional.empty()) tokens = positive("TOKENS", positional[0]);
+        if (positional.size() > 1) reps = positive("REPS", positional[1]);
+        precision = emoe::parse_precision(precision_text);
+        device = emoe::parse_device(device_text);
+      });
+  if (parsed >= 0) return parsed;
   emoe::configure_threads(0);
   emoe::init_logging(0);
   const int64_t d = 768, d_ff = 3072;

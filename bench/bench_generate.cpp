@@ -195,51 +195,31 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
   emoe::ensure_runtime_environment(argc, argv);
   Args a;
-  try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string k = argv[i];
-      auto next = [&]() -> std::string {
-        EMOE_CHECK(i + 1 < argc, UsageError, "{}: expected a value", k);
-        return argv[++i];
-      };
-      if (k == "--help" || k == "-h") {
-        std::cout << kUsage;
-        return 0;
-      } else if (k == "--batches") {
-        a.batches.clear();
-        for (const auto& b : split_list(next())) a.batches.push_back(positive(k, b));
-        EMOE_CHECK(!a.batches.empty(), UsageError, "--batches: expected a list like 1,8");
-      } else if (k == "--dtypes") {
-        a.dtypes = split_list(next());
-        EMOE_CHECK(!a.dtypes.empty(), UsageError, "--dtypes: expected a list like float32");
-        for (const auto& d : a.dtypes) (void)emoe::parse_dtype(d);
-      } else if (k == "--prompt") {
-        a.prompt = positive(k, next());
-      } else if (k == "--new") {
-        a.new_tokens = positive(k, next());
-        EMOE_CHECK(a.new_tokens >= 2, UsageError, "--new: expected at least 2 tokens");
-      } else if (k == "--layers") {
-        a.layers = positive(k, next());
-      } else if (k == "--kv-heads") {
-        a.kv_heads = positive(k, next());
-      } else if (k == "--reps") {
-        a.reps = positive(k, next());
-      } else if (k == "--device") {
-        a.device = next();
-      } else if (k == "--json") {
-        a.json_out = next();
-      } else if (k == "--profile") {
-        a.profile = next();
-      } else if (k == "-v" || k == "--verbose") {
-        emoe::init_logging(2);  // auto's per-shape decisions, with both paths' times
-      } else {
-        EMOE_THROW(UsageError, "unknown argument '{}'", k);
-      }
-    }
-  } catch (const std::exception& e) {
-    std::cerr << "bench_generate: error: " << e.what() << "\n" << kUsage;
-    return 2;
-  }
+  const emoe::bench::DecodeFlags decode{&a.batches, &a.prompt, &a.new_tokens, &a.reps, &a.layers};
+  const int parsed = emoe::bench::parse_flags(
+      argc, argv, "bench_generate", kUsage,
+      [&](const std::string& k, const emoe::bench::FlagValue& value) {
+        if (emoe::bench::decode_flag(k, value, decode)) return true;
+        if (k == "--dtypes") {
+          a.dtypes = split_list(value());
+          EMOE_CHECK(!a.dtypes.empty(), UsageError, "--dtypes: expected a list like float32");
+          for (const auto& d : a.dtypes) (void)emoe::parse_dtype(d);
+        } else if (k == "--kv-heads") {
+          a.kv_heads = positive(k, value());
+        } else if (k == "--device") {
+          a.device = value();
+        } else if (k == "--json") {
+          a.json_out = value();
+        } else if (k == "--profile") {
+          a.profile = value();
+        } else if (k == "-v" || k == "--verbose") {
+          emoe::init_logging(2);  // auto's per-shape decisions, with both paths' times
+        } else {
+          return false;
+        }
+        return true;
+      });
+  if (parsed >= 0) return parsed;
   try {
     return run(a);
   } catch (const std::exception& e) {

@@ -4,22 +4,7 @@
 // batch 8 x 256, causal LM) — with model-FLOP utilisation against the GEMM peak measured in the
 // same run, and the peak memory of each method (each measured in a fresh process).
 //
-// Usage: bench_train [--models bert-base,llama-style] [--methods full,lora,...] [--steps N]
-// [--warmup W]
-//                    [--precision fp32|bf16|both] [--batch B --seq T] [--layers L]
-//                    [--device cpu|cuda] [--json FILE] [--markdown FILE] [--peak-seconds S]
-//   --peak-seconds S: per shape and path of the measured GEMM peak (default 0.4; below 0.1 only
-//   a 512-cube, for the quick check).
-//   --batch/--seq/--layers shrink the shapes (for a quick check); the defaults are the issue's.
-//   --warmup W untimed steps come first (default 3); the JSON lists every step's time.
-//   bench_train --single MODEL METHOD PRECISION [--profile trace.json]
-//   [--profile-inference trace.json]: one measurement in this process; --profile also writes one
-//   training step's autograd profile (scripts/profile_summary.py), --profile-inference one
-//   inference forward's. --gemm-ab (with --single): then alternates training steps with oneDNN's
-//   implementation of each product chosen by measurement (the default) and oneDNN's own first
-//   choice everywhere (EMOE_GEMM=onednn), and reports the step-time ratio measured/default.
-//   EMOE_KERNELS=FILE (a run's kernels.json): every row's process pins that record's timed
-//   kernel choices first, as the emoe command does (runs then compare on the same kernels).
+// Usage: kUsage below (bench_train --help).
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -44,6 +29,24 @@
 #include "torch/csrc/autograd/profiler_legacy.h"
 
 namespace {
+
+constexpr const char* kUsage =
+    "bench_train [--models bert-base,llama-style] [--methods full,lora,...] [--steps N]\n"
+    "            [--warmup W] [--precision fp32|bf16|both] [--batch B --seq T] [--layers L]\n"
+    "            [--device cpu|cuda] [--json FILE] [--markdown FILE] [--peak-seconds S]\n"
+    "bench_train --single MODEL METHOD PRECISION [--profile trace.json]\n"
+    "            [--profile-inference trace.json] [--gemm-ab] (and the flags above)\n"
+    "  --peak-seconds S: per shape and path of the measured GEMM peak (default 0.4; below 0.1\n"
+    "    only a 512-cube, for the quick check).\n"
+    "  --batch/--seq/--layers shrink the shapes (for a quick check; 0, the default: the issue's).\n"
+    "  --warmup W untimed steps come first (default 3); the JSON lists every step's time.\n"
+    "  --single: one measurement in this process; --profile also writes one training step's\n"
+    "    autograd profile (scripts/profile_summary.py), --profile-inference one inference\n"
+    "    forward's. --gemm-ab (with --single): alternates training steps with oneDNN's\n"
+    "    implementation of each product chosen by measurement (the default) and oneDNN's own\n"
+    "    first choice everywhere (EMOE_GEMM=onednn), and reports the ratio measured/default.\n"
+    "  EMOE_KERNELS=FILE (a run's kernels.json): every row's process pins that record's timed\n"
+    "    kernel choices first, as the emoe command does (runs then compare on the same kernels).\n";
 
 using emoe::bench::seconds_since;
 using emoe::bench::split_list;
@@ -439,55 +442,59 @@ int main(int argc, char** argv) {
   emoe::ensure_runtime_environment(argc, argv);
   emoe::init_logging(1);
   Args a;
+  const auto at_least = [](int64_t least) {
+    return [least](const std::string& k, const std::string& v) {
+      return emoe::bench::integer_at_least(k, v, least);
+    };
+  };
+  const int parsed = emoe::bench::parse_flags(
+      argc, argv, "bench_train", kUsage,
+      [&](const std::string& k, const emoe::bench::FlagValue& value) {
+        if (k == "--models") {
+          a.models = value();
+        } else if (k == "--methods") {
+          a.methods = value();
+        } else if (k == "--precision") {
+          a.precision = value();
+        } else if (k == "--device") {
+          a.device = value();
+        } else if (k == "--json") {
+          a.json_out = value();
+        } else if (k == "--markdown") {
+          a.markdown_out = value();
+        } else if (k == "--steps") {
+          a.steps = at_least(1)(k, value());
+        } else if (k == "--warmup") {
+          a.warmup = at_least(0)(k, value());
+        } else if (k == "--batch") {  // (0: the shape's own, as the rows' processes are told)
+          a.batch = at_least(0)(k, value());
+        } else if (k == "--seq") {
+          a.seq = at_least(0)(k, value());
+        } else if (k == "--layers") {
+          a.layers = at_least(0)(k, value());
+        } else if (k == "--peak-seconds") {
+          a.peak_seconds = emoe::bench::seconds(k, value());
+        } else if (k == "--profile") {
+          a.profile = value();
+        } else if (k == "--profile-inference") {
+          a.profile_inference = value();
+        } else if (k == "--gemm-ab") {
+          a.gemm_ab = true;
+        } else if (k == "--single") {
+          a.single_model = value();
+          a.single_method = value();
+          a.single_precision = value();
+        } else {
+          return false;
+        }
+        return true;
+      },
+      [&] {
+        EMOE_CHECK(a.precision == "fp32" || a.precision == "bf16" || a.precision == "both",
+                   UsageError, "--precision: expected fp32, bf16 or both, got '{}'", a.precision);
+      });
+  if (parsed >= 0) return parsed;
   try {
-    for (int i = 1; i < argc; ++i) {
-      std::string k = argv[i];
-      auto next = [&]() -> std::string {
-        EMOE_CHECK(i + 1 < argc, UsageError, "{}: expected a value", k);
-        return argv[++i];
-      };
-      if (k == "--models")
-        a.models = next();
-      else if (k == "--methods")
-        a.methods = next();
-      else if (k == "--precision")
-        a.precision = next();
-      else if (k == "--device")
-        a.device = next();
-      else if (k == "--json")
-        a.json_out = next();
-      else if (k == "--markdown")
-        a.markdown_out = next();
-      else if (k == "--steps")
-        a.steps = std::stoll(next());
-      else if (k == "--warmup")
-        a.warmup = std::stoll(next());
-      else if (k == "--batch")
-        a.batch = std::stoll(next());
-      else if (k == "--seq")
-        a.seq = std::stoll(next());
-      else if (k == "--layers")
-        a.layers = std::stoll(next());
-      else if (k == "--peak-seconds")
-        a.peak_seconds = std::stod(next());
-      else if (k == "--profile")
-        a.profile = next();
-      else if (k == "--profile-inference")
-        a.profile_inference = next();
-      else if (k == "--gemm-ab")
-        a.gemm_ab = true;
-      else if (k == "--single") {
-        a.single_model = next();
-        a.single_method = next();
-        a.single_precision = next();
-      } else {
-        EMOE_THROW(UsageError, "unknown argument '{}'", k);
-      }
-    }
-    EMOE_CHECK(a.steps >= 1 && a.warmup >= 0, UsageError,
-               "--steps must be at least 1 and --warmup at least 0");
-    EMOE_CHECK(a.precision == "fp32" || a.precision == "bf16" || a.precision == "both", UsageError,
-               "--precision: expected fp32, bf16 or both, got '{}'", a.precision);
     if (!a.single_model.empty()) {
       emoe::configure_threads(0);
       emoe::pin_kernel_choices_from_env();  // EMOE_KERNELS: every row on one record's kernels
@@ -497,6 +504,6 @@ int main(int argc, char** argv) {
     return run(a);
   } catch (const std::exception& e) {
     std::cerr << "bench_train: error: " << e.what() << "\n";
-    return 2;
+    return 1;
   }
 }
