@@ -1,19 +1,19 @@
 // Benchmark: emoe against the same models in eager ATen (bench/eager_reference.h: BERT and Llama
 // in plain operations, in the order Hugging Face transformers 4.33 makes them), in one process,
-// steps alternated, on bench_train's shapes: full fine-tuning (AdamW; torch::optim::AdamW for the
-// reference, as Hugging Face's Trainer uses torch's), inference, and greedy generation with the
-// KV cache (Llama-style, as Hugging Face's generate). The reference gets emoe's weights and must
-// give emoe's loss and logits first (within float32 or bfloat16 rounding); then both are timed.
-// The ratios stand in for issue 27's "vs Hugging Face" where transformers cannot be installed:
-// Hugging Face also pays Python's per-operation overhead, so emoe's lead over it is at least this.
+// steps alternated, on bench_train's shapes: full fine-tuning and LoRA (AdamW;
+// torch::optim::AdamW for the reference, as Hugging Face's Trainer uses torch's; LoRA as PEFT
+// 0.5's LoRA Linear), inference, and greedy generation with the KV cache (Llama-style, as
+// Hugging Face's generate). The reference gets emoe's weights and must give emoe's loss and
+// logits first (within float32 or bfloat16 rounding), and in float32 every trained weight's
+// gradient; then both are timed. The ratios stand in for issue 27's "vs Hugging Face" where
+// transformers cannot be installed: Hugging Face also pays Python's per-operation overhead, so
+// emoe's lead over it is at least this.
 //
-// Usage: bench_eager [--models bert-base,llama-style] [--precision fp32|bf16|both] [--steps 3]
-//                    [--warmup 2] [--batch B --seq T] [--layers L] [--no-generate]
-//                    [--batches 1,8] [--prompt 32] [--new 64] [--reps 2]
-//                    [--profile-inference PREFIX] [--peak-seconds S]
-//                    [--markdown FILE] [--json FILE]
+// Usage: kUsage below (bench_eager --help).
+//   --methods full,lora: what trains (default both); LoRA r 8, alpha 16, dropout 0.1 on the
+//   query and value layers (emoe's defaults, PEFT's), the base frozen.
 //   --profile-inference PREFIX: also one inference forward of each side under the autograd
-//   profiler, PREFIX.MODEL.PRECISION.{emoe,reference}.json (scripts/profile_summary.py).
+//   profiler, PREFIX.MODEL.METHOD.PRECISION.{emoe,reference}.json (scripts/profile_summary.py).
 //   --peak-seconds: per shape and path of the measured GEMM peak (bench_train's; default 0.4).
 //   --batch/--seq/--layers shrink the shapes (the quick check); the defaults are bench_train's.
 //   Generation runs on the Llama-style model with float32 and bfloat16 weights.
@@ -31,8 +31,10 @@
 #include "emoe/io/atomic_file.h"
 #include "emoe/models/generate.h"
 #include "emoe/models/loader.h"
+#include "emoe/train/method.h"
 #include "emoe/train/optim.h"
 #include "emoe/train/precision.h"
+#include "emoe/train/run_config.h"
 #include "torch/csrc/autograd/profiler_legacy.h"
 
 namespace {
@@ -43,7 +45,8 @@ using emoe::bench::seconds_since;
 using emoe::bench::split_list;
 
 constexpr const char* kUsage =
-    "bench_eager [--models bert-base,llama-style] [--precision fp32|bf16|both] [--steps 3]\n"
+    "bench_eager [--models bert-base,llama-style] [--methods full,lora]\n"
+    "            [--precision fp32|bf16|both] [--steps 3]\n"
     "            [--warmup 2] [--batch B --seq T] [--layers L] [--no-generate]\n"
     "            [--batches 1,8] [--prompt 32] [--new 64] [--reps 2]\n"
     "            [--profile-inference PREFIX] [--peak-seconds S]\n"
@@ -52,6 +55,7 @@ constexpr const char* kUsage =
 struct Args {
   std::vector<std::string> models = {"bert-base", "llama-style"};
   std::vector<std::string> precisions = {"fp32", "bf16"};
+  std::vector<std::string> methods = {"full", "lora"};  // lora: PEFT's defaults, r 8 on q and v
   std::vector<int64_t> batches = {1, 8};
   int64_t steps = 3, warmup = 2, batch = 0, seq = 0, layers = 0, prompt = 32, new_tokens = 64,
           reps = 2;
@@ -91,8 +95,10 @@ double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
   return (x - y).abs().max().item<double>() / std::max(y.abs().max().item<double>(), 1e-30);
 }
 
-// One model at one precision: agreement, then alternated training steps and inference passes.
-nlohmann::json measure(const std::string& name, const std::string& precision_name, const Args& a) {
+// One model, method and precision: agreement, then alternated training steps and inference
+// passes.
+nlohmann::json measure(const std::string& name, const std::string& method,
+                       const std::string& precision_name, const Args& a) {
   const Case c = model_case(name, a);
   const auto dev = c10::Device(c10::kCPU);
   const auto precision = emoe::parse_precision(precision_name);
@@ -100,7 +106,24 @@ nlohmann::json measure(const std::string& name, const std::string& precision_nam
   auto model = emoe::create_model(
       emoe::JsonFields(c.config, name), c.head,
       c.head == emoe::Head::kSequenceClassification ? std::optional<int64_t>(2) : std::nullopt);
+  const auto summary = model->summary();
+  emoe::MethodCost cost;  // full fine-tuning: every weight trained
+  double lora_scaling = 1, lora_dropout = 0;
+  if (method == "lora") {
+    const auto st = emoe::apply_method(
+        *model, emoe::load_run_config("", {"model=(random)", "task=sst2", "method=lora"}), {});
+    cost.name = method, cost.peft = st.peft, cost.trainable_body = false;
+    lora_scaling = st.peft.alpha / static_cast<double>(st.peft.r), lora_dropout = st.peft.dropout;
+    // lora_B starts at zero (PEFT's initialisation), where lora_A gets no gradient: a random
+    // lora_B, so that the gradient check below covers both
+    torch::NoGradGuard g;
+    for (auto& p : model->named_parameters(true))
+      if (p.key().size() >= 13 && p.key().compare(p.key().size() - 13, 13, "lora_B.weight") == 0)
+        p.value().normal_(0.0, 0.02);
+  }
   EagerReference ref(c.kind, c.config, emoe::model_state(*model));
+  ref.set_lora(lora_scaling, lora_dropout);
+  const std::string what = name + " " + method;
   const int64_t vocab = c.config["vocab_size"].get<int64_t>();
   emoe::ModelInputs in;
   in.input_ids = torch::randint(5, vocab, {c.batch, c.seq}, torch::kLong);
@@ -124,7 +147,7 @@ nlohmann::json measure(const std::string& name, const std::string& precision_nam
   EMOE_CHECK(loss_difference <= tolerance && logits_difference <= tolerance, RuntimeError,
              "{} {}: the eager reference disagrees with emoe's model (loss {:.2e}, logits {:.2e} "
              "relative; tolerance {:.0e}): it would not be timing the same computation",
-             name, precision_name, loss_difference, logits_difference, tolerance);
+             what, precision_name, loss_difference, logits_difference, tolerance);
   // ... and in float32 every weight's gradient (the backward passes too; random weights leave
   // some forward differences, such as attention's scale, below the loss's rounding)
   double gradient_difference = 0;
@@ -137,11 +160,13 @@ nlohmann::json measure(const std::string& name, const std::string& precision_nam
     const auto state = emoe::model_state(*model);
     double largest = 0;
     for (const auto& [key, w] : state) {
+      if (!w.requires_grad()) continue;  // frozen (LoRA's base)
       EMOE_CHECK(w.grad().defined() && ref.weight(key).grad().defined(), RuntimeError,
-                 "{}: no gradient for {} on one side", name, key);
+                 "{}: no gradient for {} on one side", what, key);
       largest = std::max(largest, ref.weight(key).grad().abs().max().item<double>());
     }
     for (const auto& [key, w] : state) {
+      if (!w.requires_grad()) continue;
       const auto ours = w.grad().to(torch::kDouble),
                  theirs = ref.weight(key).grad().to(torch::kDouble);
       const double d = (ours - theirs).abs().max().item<double>() /
@@ -153,10 +178,10 @@ nlohmann::json measure(const std::string& name, const std::string& precision_nam
     EMOE_CHECK(gradient_difference <= 1e-3, RuntimeError,
                "{} fp32: the eager reference's gradient of {} differs from emoe's by {:.2e} "
                "(relative; tolerance 1e-3): it would not be timing the same computation",
-               name, worst, gradient_difference);
+               what, worst, gradient_difference);
   }
   std::cerr << fmt::format(
-      "{} {}: the reference gives emoe's loss and logits ({:.1e}, {:.1e}){}\n", name,
+      "{} {}: the reference gives emoe's loss and logits ({:.1e}, {:.1e}){}\n", what,
       precision_name, loss_difference, logits_difference,
       precision == emoe::Precision::kFp32
           ? fmt::format(" and every gradient ({:.1e}, {})", gradient_difference, worst)
@@ -228,7 +253,7 @@ nlohmann::json measure(const std::string& name, const std::string& precision_nam
   if (!a.profile.empty()) {
     torch::NoGradGuard g;
     for (bool ours : {true, false}) {
-      const auto path = fmt::format("{}.{}.{}.{}.json", a.profile, name, precision_name,
+      const auto path = fmt::format("{}.{}.{}.{}.{}.json", a.profile, name, method, precision_name,
                                     ours ? "emoe" : "reference");
       emoe::PrecisionScope scope(precision, dev);
       torch::autograd::profiler::RecordProfile guard(path);
@@ -238,9 +263,9 @@ nlohmann::json measure(const std::string& name, const std::string& precision_nam
     }
   }
   const double tokens = static_cast<double>(c.batch * c.seq);
-  emoe::MethodCost full;  // full fine-tuning: every weight trained
-  const auto flops = emoe::count_flops(model->summary(), full, c.seq);
+  const auto flops = emoe::count_flops(summary, cost, c.seq);
   return {{"model", name},
+          {"method", method},
           {"train_flops_per_token", 2.0 * flops.train_total},
           {"forward_flops_per_token", 2.0 * flops.forward_total},
           {"precision", precision_name},
@@ -348,13 +373,14 @@ int run(const Args& a) {
     peak[p] = emoe::bench::measured_peak(dtype, c10::Device(c10::kCPU), a.peak_seconds).gflops;
   }
   for (const auto& m : a.models)
-    for (const auto& p : a.precisions) {
-      auto r = measure(m, p, a);
-      std::cerr << fmt::format("{} {}: train {:.0f} against {:.0f} tokens/s\n", m, p,
-                               r["train_tokens_per_s"].get<double>(),
-                               r["reference_train_tokens_per_s"].get<double>());
-      rows.push_back(r);
-    }
+    for (const auto& method : a.methods)
+      for (const auto& p : a.precisions) {
+        auto r = measure(m, method, p, a);
+        std::cerr << fmt::format("{} {} {}: train {:.0f} against {:.0f} tokens/s\n", m, method, p,
+                                 r["train_tokens_per_s"].get<double>(),
+                                 r["reference_train_tokens_per_s"].get<double>());
+        rows.push_back(r);
+      }
   nlohmann::json generation = a.generate ? measure_generation(a) : nlohmann::json::array();
 
   const emoe::CpuInfo cpu = emoe::read_cpu_info();
@@ -363,7 +389,9 @@ int run(const Args& a) {
                     cpu.model.empty() ? "unknown" : cpu.model, cpu.cores, cpu.isa_text(), threads)
      << "emoe against the same model in eager ATen operations, in Hugging Face transformers "
         "4.33's order (bench/eager_reference.h), same weights, one process, steps alternated; "
-        "full fine-tuning with AdamW (the reference: torch::optim::AdamW), bf16 = autocast.\n\n"
+        "AdamW (the reference: torch::optim::AdamW) on what trains: every weight in full "
+        "fine-tuning; in lora the adapters (r 8, alpha 16, dropout 0.1 on the query and value "
+        "layers, as PEFT 0.5's LoRA Linear) and BERT's classifier; bf16 = autocast.\n\n"
      << fmt::format(
             "Measured GEMM peak (bench_train's: the best of 4 shapes x 2 paths):{}{}. "
             "MFU against it; \"ceiling\": the speed-up a step at 100 % MFU would have "
@@ -373,10 +401,11 @@ int run(const Args& a) {
             peak.count("bf16") ? fmt::format("{}bfloat16 {:.0f} GFLOP/s",
                                              peak.count("fp32") ? ", " : " ", peak["bf16"])
                                : std::string())
-     << "| model | precision | batch x seq | train tokens/s (MFU) | reference (MFU) | speed-up | "
+     << "| model | method | precision | batch x seq | train tokens/s (MFU) | reference (MFU) | "
+        "speed-up | "
         "ceiling | inference tokens/s (MFU) | reference (MFU) | speed-up | ceiling | loss / "
         "logits agree to |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (auto& r : rows) {
     const double tr = r["train_tokens_per_s"].get<double>(),
                  tr_ref = r["reference_train_tokens_per_s"].get<double>(),
@@ -397,11 +426,12 @@ int run(const Args& a) {
     r["train_mfu"] = u_tr.mfu, r["reference_train_mfu"] = u_tr_ref.mfu;
     r["inference_mfu"] = u_in.mfu, r["reference_inference_mfu"] = u_in_ref.mfu;
     md << fmt::format(
-        "| {} | {} | {} x {} | {} | {} | {:.2f}x | {:.2f}x | {} | {} | {:.2f}x | {:.2f}x | "
+        "| {} | {} | {} | {} x {} | {} | {} | {:.2f}x | {:.2f}x | {} | {} | {:.2f}x | {:.2f}x | "
         "{:.0e} / {:.0e} |\n",
-        r["model"].get<std::string>(), r["precision"].get<std::string>(), r["batch"].get<int64_t>(),
-        r["seq"].get<int64_t>(), cell(tr, u_tr), cell(tr_ref, u_tr_ref), tr / tr_ref,
-        1.0 / u_tr_ref.mfu, cell(in, u_in), cell(in_ref, u_in_ref), in / in_ref, 1.0 / u_in_ref.mfu,
+        r["model"].get<std::string>(), r["method"].get<std::string>(),
+        r["precision"].get<std::string>(), r["batch"].get<int64_t>(), r["seq"].get<int64_t>(),
+        cell(tr, u_tr), cell(tr_ref, u_tr_ref), tr / tr_ref, 1.0 / u_tr_ref.mfu, cell(in, u_in),
+        cell(in_ref, u_in_ref), in / in_ref, 1.0 / u_in_ref.mfu,
         r["loss_relative_difference"].get<double>(), r["logits_relative_difference"].get<double>());
   }
   if (!generation.empty()) {
@@ -447,6 +477,12 @@ int main(int argc, char** argv) {
         if (emoe::bench::decode_flag(k, value, decode)) return true;
         if (k == "--models") {
           a.models = split_list(value());
+        } else if (k == "--methods") {
+          a.methods = split_list(value());
+          for (const auto& m : a.methods)
+            EMOE_CHECK(m == "full" || m == "lora", UsageError,
+                       "--methods: expected full and/or lora, got '{}'", m);
+          EMOE_CHECK(!a.methods.empty(), UsageError, "--methods: expected a list like full,lora");
         } else if (k == "--precision") {
           const auto p = value();
           EMOE_CHECK(p == "fp32" || p == "bf16" || p == "both", UsageError,

@@ -4,7 +4,9 @@
 // came from), on the weights of an emoe model under Hugging Face's keys. It is what eager
 // PyTorch runs for those models, less Python's per-operation overhead (so a ratio against it
 // is a lower bound of one against Hugging Face itself), and the same weights give the same
-// loss as emoe's model (bench_eager checks that before it times anything).
+// loss as emoe's model (bench_eager checks that before it times anything). Layers that carry
+// LoRA weights in the state run as PEFT 0.5's LoRA Linear (the PEFT release of transformers
+// 4.33's time).
 #pragma once
 #include <torch/torch.h>
 
@@ -23,11 +25,15 @@ class EagerReference {
  public:
   enum class Kind { kBert, kLlama };
 
-  // `state`: the model's tensors under Hugging Face's keys (emoe::model_state), copied here.
+  // `state`: the model's tensors under Hugging Face's keys (emoe::model_state), copied here;
+  // each trains here if it trains there. A linear layer NAME with NAME.lora_A.weight and
+  // NAME.lora_B.weight in the state runs as PEFT 0.5's LoRA Linear (set_lora: its scaling and
+  // dropout).
   EagerReference(Kind kind, const nlohmann::json& config,
                  const std::vector<std::pair<std::string, torch::Tensor>>& state)
       : kind_(kind), config_(config) {
-    for (const auto& [key, t] : state) w_[key] = t.detach().clone().requires_grad_(true);
+    for (const auto& [key, t] : state)
+      w_[key] = t.detach().clone().requires_grad_(t.requires_grad());
     hidden_ = config_["hidden_size"].get<int64_t>();
     heads_ = config_["num_attention_heads"].get<int64_t>();
     layers_ = config_["num_hidden_layers"].get<int64_t>();
@@ -49,15 +55,24 @@ class EagerReference {
   }
 
   void to(const c10::Device& device, c10::ScalarType dtype) {
-    for (auto& [key, t] : w_) t = t.detach().to(device, dtype).requires_grad_(true);
+    for (auto& [key, t] : w_) {
+      const bool trains = t.requires_grad();
+      t = t.detach().to(device, dtype).requires_grad_(trains);
+    }
     if (cos_.defined()) cos_ = cos_.to(device), sin_ = sin_.to(device);
   }
   void train(bool on) { training_ = on; }
+  // LoRA's alpha / r and its dropout on the adapter's input (PEFT's lora_dropout)
+  void set_lora(double scaling, double dropout) {
+    lora_scaling_ = scaling, lora_dropout_ = dropout;
+  }
   // The weight under Hugging Face's key `key` (its .grad() after a backward pass).
   const torch::Tensor& weight(const std::string& key) const { return w_.at(key); }
+  // The tensors that train (all of them in full fine-tuning).
   std::vector<torch::Tensor> parameters() const {
     std::vector<torch::Tensor> out;
-    for (const auto& [key, t] : w_) out.push_back(t);
+    for (const auto& [key, t] : w_)
+      if (t.requires_grad()) out.push_back(t);
     return out;
   }
 
@@ -117,7 +132,14 @@ class EagerReference {
                fmt::join(unused, ", "));
   }
   torch::Tensor linear(const torch::Tensor& x, const std::string& name, bool bias = true) {
-    return torch::linear(x, p(name + ".weight"), bias ? p(name + ".bias") : torch::Tensor());
+    auto result = torch::linear(x, p(name + ".weight"), bias ? p(name + ".bias") : torch::Tensor());
+    if (!w_.count(name + ".lora_A.weight")) return result;
+    // PEFT 0.5's lora.Linear.forward: the base layer; x cast to lora_A's dtype; the update
+    // lora_B(lora_A(lora_dropout(x))) * scaling added in place; the sum cast to x's dtype
+    const auto a = p(name + ".lora_A.weight"), b = p(name + ".lora_B.weight");
+    const auto xa = x.to(a.scalar_type());
+    result += torch::linear(torch::linear(dropout(xa, lora_dropout_), a), b) * lora_scaling_;
+    return result.to(x.scalar_type());
   }
   torch::Tensor layer_norm(const torch::Tensor& x, const std::string& name) {
     return torch::layer_norm(x, {hidden_}, p(name + ".weight"), p(name + ".bias"),
@@ -267,7 +289,7 @@ class EagerReference {
   std::map<std::string, torch::Tensor> w_;
   std::set<std::string> used_;
   int64_t hidden_ = 0, heads_ = 0, kv_heads_ = 0, layers_ = 0;
-  double dropout_ = 0, attention_dropout_ = 0;
+  double dropout_ = 0, attention_dropout_ = 0, lora_scaling_ = 1, lora_dropout_ = 0;
   bool training_ = true;
   torch::Tensor cos_, sin_;
 };

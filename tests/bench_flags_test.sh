@@ -24,6 +24,7 @@ check bench_train 2 "bench_train: error: --precision: expected fp32, bf16 or bot
 check bench_train 0 "bench_train --single MODEL METHOD PRECISION" --help
 check bench_eager 2 "bench_eager: error: --new: expected at least 2 tokens" --new 1
 check bench_eager 2 "bench_eager: error: unknown argument '--bogus'" --bogus
+check bench_eager 2 "bench_eager: error: --methods: expected full and/or lora, got 'emoe'" --methods full,emoe
 check bench_eager 2 "bench_eager: error: --models: expected a list like bert-base" --models ,
 check bench_generate 2 "bench_generate: error: --batches: expected a positive integer, got 'x'" --batches 1,x
 check bench_generate 2 "bench_generate: error: --reps: expected a value" --reps
