@@ -14,6 +14,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "emoe/core/error.h"
@@ -34,12 +35,17 @@ inline std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-// `text` read whole as a number by `read` (std::stoll, std::stod); nullopt if it is not one.
+// `text` read whole as an integer (std::stoll) or a floating-point number (std::stod); nullopt
+// if it is not one.
 template <typename T>
-std::optional<T> number_of(const std::string& text, T (*read)(const std::string&, size_t*)) {
+std::optional<T> number_of(const std::string& text) {
   size_t used = 0;
   try {
-    const T v = read(text, &used);
+    T v;
+    if constexpr (std::is_integral_v<T>)
+      v = std::stoll(text, &used);
+    else
+      v = std::stod(text, &used);
     if (used == text.size()) return v;
   } catch (const std::exception&) {
   }
@@ -48,11 +54,10 @@ std::optional<T> number_of(const std::string& text, T (*read)(const std::string&
 
 // A flag's integer of at least `least`; UsageError naming the flag otherwise.
 inline int64_t integer_at_least(const std::string& flag, const std::string& text, int64_t least) {
-  const auto v = number_of<long long>(
-      text, [](const std::string& t, size_t* used) { return std::stoll(t, used); });
+  const auto v = number_of<int64_t>(text);
   EMOE_CHECK(v && *v >= least, UsageError, "{}: expected {} integer, got '{}'", flag,
              least == 1 ? "a positive" : (least == 0 ? "a non-negative" : "an"), text);
-  return static_cast<int64_t>(*v);
+  return *v;
 }
 
 inline int64_t positive(const std::string& flag, const std::string& text) {
@@ -61,8 +66,7 @@ inline int64_t positive(const std::string& flag, const std::string& text) {
 
 // A flag's number of seconds (> 0); UsageError naming the flag otherwise.
 inline double seconds(const std::string& flag, const std::string& text) {
-  const auto v = number_of<double>(
-      text, [](const std::string& t, size_t* used) { return std::stod(t, used); });
+  const auto v = number_of<double>(text);
   EMOE_CHECK(v && *v > 0, UsageError, "{}: expected seconds above 0, got '{}'", flag, text);
   return *v;
 }

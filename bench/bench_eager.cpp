@@ -117,8 +117,10 @@ nlohmann::json measure(const std::string& name, const std::string& method,
     // lora_B starts at zero (PEFT's initialisation), where lora_A gets no gradient: a random
     // lora_B, so that the gradient check below covers both
     torch::NoGradGuard g;
+    const std::string b_suffix = "lora_B.weight";
     for (auto& p : model->named_parameters(true))
-      if (p.key().size() >= 13 && p.key().compare(p.key().size() - 13, 13, "lora_B.weight") == 0)
+      if (p.key().size() >= b_suffix.size() &&
+          p.key().compare(p.key().size() - b_suffix.size(), b_suffix.size(), b_suffix) == 0)
         p.value().normal_(0.0, 0.02);
   }
   EagerReference ref(c.kind, c.config, emoe::model_state(*model));

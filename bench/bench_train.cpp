@@ -442,11 +442,6 @@ int main(int argc, char** argv) {
   emoe::ensure_runtime_environment(argc, argv);
   emoe::init_logging(1);
   Args a;
-  const auto at_least = [](int64_t least) {
-    return [least](const std::string& k, const std::string& v) {
-      return emoe::bench::integer_at_least(k, v, least);
-    };
-  };
   const int parsed = emoe::bench::parse_flags(
       argc, argv, "bench_train", kUsage,
       [&](const std::string& k, const emoe::bench::FlagValue& value) {
@@ -463,15 +458,15 @@ int main(int argc, char** argv) {
         } else if (k == "--markdown") {
           a.markdown_out = value();
         } else if (k == "--steps") {
-          a.steps = at_least(1)(k, value());
+          a.steps = emoe::bench::positive(k, value());
         } else if (k == "--warmup") {
-          a.warmup = at_least(0)(k, value());
+          a.warmup = emoe::bench::integer_at_least(k, value(), 0);
         } else if (k == "--batch") {  // (0: the shape's own, as the rows' processes are told)
-          a.batch = at_least(0)(k, value());
+          a.batch = emoe::bench::integer_at_least(k, value(), 0);
         } else if (k == "--seq") {
-          a.seq = at_least(0)(k, value());
+          a.seq = emoe::bench::integer_at_least(k, value(), 0);
         } else if (k == "--layers") {
-          a.layers = at_least(0)(k, value());
+          a.layers = emoe::bench::integer_at_least(k, value(), 0);
         } else if (k == "--peak-seconds") {
           a.peak_seconds = emoe::bench::seconds(k, value());
         } else if (k == "--profile") {
