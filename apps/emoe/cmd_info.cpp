@@ -115,9 +115,13 @@ void run_system(const InfoArgs& a) {
                    experts32, experts16);
   if (cpu.mhz > 0)
     std::cout << fmt::format(
-        "peak (ISA)   float32 {:.0f} GFLOP/s ({}), bfloat16 {:.0f} GFLOP/s ({}); an upper bound "
-        "from cores x clock x FLOP/cycle: bench/bench_gemm measures the real one\n",
-        peak.fp32_gflops, peak.fp32_basis, peak.bf16_gflops, peak.bf16_basis);
+        "peak (ISA)   float32 {:.0f} GFLOP/s ({}), bfloat16 {:.0f} GFLOP/s ({}): cores x "
+        "clock x FLOP/cycle at the clock read ({}), which {}; bench/bench_gemm measures the "
+        "real peak\n",
+        peak.fp32_gflops, peak.fp32_basis, peak.bf16_gflops, peak.bf16_basis, cpu.clock_source,
+        cpu.clock_source == "cpuinfo_max_freq"
+            ? "bounds it"
+            : "may be below the clock the cores reach (turbo: a measured peak above it)");
 }
 
 // The memory of a fine-tuning run per method (train/memory.h has the formulas).
