@@ -1149,3 +1149,79 @@ TEST(CausalLmLoss, WithoutGradientsTheRowKernelsGiveCrossEntropysMean) {
         emoe::causal_lm_loss(logits, torch::full({b, t}, -100, torch::kLong)).item<double>()));
   }
 }
+
+// Bf16Gemm::kFloat32 (the default on CPUs without AVX-512, where ATen's bfloat16 products are a
+// scalar loop): every bfloat16 product is the float32 product of the widened operands, its sums
+// rounded once to the output's dtype, with the bias, accumulation, strided batches and
+// column-major outputs gemm_out takes; and the layers' bfloat16 paths run on emoe's products.
+TEST(Matmul, Bfloat16ProductsComputedInFloat32AreTheRoundedFloat32Product) {
+  torch::manual_seed(11);
+  const auto setting = emoe::set_bf16_gemm(emoe::Bf16Gemm::kFloat32);
+  const auto bf = torch::kBFloat16;
+  // within one bfloat16 rounding of the float32 product (the sums' order may differ)
+  auto rounded_like = [](const torch::Tensor& got, const torch::Tensor& want32) {
+    const auto err = (got.to(torch::kFloat) - want32).abs();
+    return (err <= want32.abs() * (1.0 / 128) + 1e-6).all().item<bool>();
+  };
+  auto a = torch::randn({13, 40}).to(bf), w = torch::randn({24, 40}).to(bf),
+       bias = torch::randn({24}).to(bf);
+  const auto want =
+      torch::addmm(bias.to(torch::kFloat), a.to(torch::kFloat), w.to(torch::kFloat).t());
+  auto out = torch::empty({13, 24}, bf);
+  emoe::gemm_out(out, a, w.t(), bias);
+  EXPECT_TRUE(rounded_like(out, want));
+  // accumulating into a bfloat16 out, and bfloat16 operands summed into a float32 out
+  auto acc = torch::randn({13, 24}).to(bf);
+  const auto want_acc = acc.to(torch::kFloat) + want - bias.to(torch::kFloat);
+  emoe::gemm_out(acc, a, w.t(), {}, /*accumulate=*/true);
+  EXPECT_TRUE(rounded_like(acc, want_acc));
+  auto acc32 = torch::randn({13, 24});
+  const auto want32 = acc32 + (want - bias.to(torch::kFloat));
+  emoe::gemm_out(acc32, a, w.t(), {}, /*accumulate=*/true);
+  EXPECT_LT(emoe::test::max_abs_diff(acc32, want32), 1e-4);
+  // a column-major out (a weight gradient kept [in, out]) and attention's strided batches
+  auto col = torch::empty({24, 13}, bf).t();
+  emoe::gemm_out(col, a, w.t());
+  EXPECT_TRUE(rounded_like(col, want - bias.to(torch::kFloat)));
+  auto q = torch::randn({2, 7, 3, 8}).to(bf).transpose(1, 2), k = torch::randn({2, 7, 3, 8}).to(bf);
+  auto s = emoe::matmul(q, k.transpose(1, 2).transpose(-2, -1));
+  EXPECT_TRUE(rounded_like(
+      s,
+      torch::matmul(q.to(torch::kFloat), k.transpose(1, 2).transpose(-2, -1).to(torch::kFloat))));
+  // the layers: a bfloat16 layer without autocast (decoding a bfloat16 model) and a float32 one
+  // under bf16 autocast, in inference and in training (gradients summed in float32)
+  emoe::Linear lin(emoe::LinearOptions{40, 24, true, false});
+  auto x = torch::randn({3, 5, 40});
+  {
+    torch::NoGradGuard no_grad;
+    auto lin16 = emoe::Linear(emoe::LinearOptions{40, 24, true, false});
+    lin16->weight.copy_(lin->weight);
+    lin16->bias.copy_(lin->bias);
+    lin16->to(bf);
+    const auto y16 = lin16(x.to(bf));
+    const auto ref = torch::linear(x.to(bf).to(torch::kFloat), lin16->weight.to(torch::kFloat),
+                                   lin16->bias.to(torch::kFloat));
+    EXPECT_TRUE(rounded_like(y16, ref));
+    emoe::PrecisionScope scope(emoe::Precision::kBf16Mixed, torch::kCPU);
+    const auto ya = lin(x);
+    EXPECT_EQ(ya.scalar_type(), bf);
+    EXPECT_TRUE(rounded_like(ya, ref));
+  }
+  auto xt = x.clone().requires_grad_(true);
+  torch::Tensor yt;
+  {
+    emoe::PrecisionScope scope(emoe::Precision::kBf16Mixed, torch::kCPU);
+    yt = lin(xt);
+  }
+  ASSERT_NE(yt.grad_fn(), nullptr);
+  EXPECT_NE(yt.grad_fn()->name().find("AutocastLinearFn"), std::string::npos)
+      << yt.grad_fn()->name();
+  const auto g = torch::randn_like(yt, torch::kFloat);
+  (yt.to(torch::kFloat) * g).sum().backward();
+  const auto g16 = g.to(bf).to(torch::kFloat).reshape({-1, 24});
+  const auto x16 = x.to(bf).to(torch::kFloat).reshape({-1, 40});
+  const auto gw = g16.t().mm(x16);
+  EXPECT_LT(emoe::test::max_abs_diff(lin->weight.grad(), gw),
+            1e-3 * (1 + gw.abs().max().item<double>()));
+  emoe::set_bf16_gemm(setting);
+}

@@ -22,15 +22,31 @@ class FrozenLinearFn : public torch::autograd::Function<FrozenLinearFn> {
     RECORD_FUNCTION("emoe::frozen_linear", std::vector<c10::IValue>());
     ctx->save_for_backward({weight});  // a parameter: held by reference, nothing copied
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    return torch::linear(x, weight, bias_or_empty.numel() > 0 ? bias_or_empty : torch::Tensor());
+    const auto bias = bias_or_empty.numel() > 0 ? bias_or_empty : torch::Tensor();
+    // bfloat16 products computed in float32 (Bf16Gemm::kFloat32, a CPU without AVX-512): on
+    // gemm_out, as autocast's linear would compute them (no gradient mode in here)
+    if (bf16_gemm() == Bf16Gemm::kFloat32) {
+      auto y = autocast_inference_linear(x, weight, bias);
+      if (y.defined()) return y;
+    }
+    return torch::linear(x, weight, bias);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto weight = ctx->get_saved_variables()[0];
     const auto& g = grads[0];
     // under autocast the output (and so g) may be bfloat16 while the weight is float32
-    auto gx = torch::matmul(
-        g, weight.scalar_type() == g.scalar_type() ? weight : weight.to(g.scalar_type()));
+    const auto w = weight.scalar_type() == g.scalar_type() ? weight : weight.to(g.scalar_type());
+    torch::Tensor gx;
+    if (g.scalar_type() == at::kBFloat16 && g.device().is_cpu() &&
+        bf16_gemm() == Bf16Gemm::kFloat32) {
+      auto sizes = g.sizes().vec();
+      sizes.back() = w.size(1);
+      gx = torch::empty(sizes, g.options());
+      gemm_out(gx.view({-1, w.size(1)}), g.reshape({-1, g.size(-1)}), w);
+    } else {
+      gx = torch::matmul(g, w);
+    }
     const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     return {gx.scalar_type() == x_dtype ? gx : gx.to(x_dtype), torch::Tensor(), torch::Tensor()};
   }
@@ -137,6 +153,12 @@ torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) {
   }
   if (frozen_with_input_grad(x, weight, bias))
     return FrozenLinearFn::apply(x, w, bias.defined() ? bias : torch::empty({0}, weight.options()));
+  // bfloat16 products computed in float32 (a CPU without AVX-512, matmul.h's Bf16Gemm): on
+  // emoe's products (ATen's bfloat16 ones are scalar there)
+  if (bf16_gemm() == Bf16Gemm::kFloat32 && w.scalar_type() == at::kBFloat16) {
+    auto y = emoe::linear(x, w, bias);
+    if (y.defined()) return y;
+  }
   if (!options_.transposed) return torch::linear(x, w, bias);
   auto sizes = x.sizes().vec();
   auto x2 = x.reshape({-1, options_.in});

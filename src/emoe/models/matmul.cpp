@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "emoe/core/autocast_compat.h"
+#include "emoe/core/error.h"
 #include "emoe/models/row_kernels.h"
 
 #ifdef EMOE_HAVE_ONEDNN
@@ -365,6 +366,8 @@ Float32Gemm float32_gemm() {
   return static_cast<Float32Gemm>(v);
 }
 
+std::atomic<int> bf16_gemm_setting{-1};  // Bf16Gemm, or -1: from EMOE_BF16_GEMM on first use
+
 struct GemmChoices {
   std::mutex mutex;
   std::unordered_map<std::string, bool> aten;  // by shape and layout: ATen measured faster
@@ -647,7 +650,7 @@ bool autocast_matmul_applies(const at::Tensor& a, const at::Tensor& b) {
   return emoe::autocast_enabled(at::kCPU) && emoe::autocast_dtype(at::kCPU) == at::kBFloat16 &&
          ok(a) && ok(b) && a.dim() >= 3 && a.dim() == b.dim() && a.size(-1) == b.size(-2) &&
          a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2) &&
-         has_isa(dnnl::cpu_isa::avx512_core_bf16);
+         bf16_products_on_gemm_out();
 }
 
 #endif
@@ -674,6 +677,48 @@ Float32Gemm set_float32_gemm(Float32Gemm choice) {
   const auto prev = float32_gemm();
   float32_gemm_setting.store(static_cast<int>(choice));
   return prev;
+}
+
+Bf16Gemm bf16_gemm() {
+  int v = bf16_gemm_setting.load();
+  if (v < 0) {
+    const char* env = std::getenv("EMOE_BF16_GEMM");
+    const std::string e = env ? env : "";
+    EMOE_CHECK(e.empty() || e == "auto" || e == "float32" || e == "native", UsageError,
+               "EMOE_BF16_GEMM: expected float32, native or auto, got '{}'", e);
+    auto fallback = Bf16Gemm::kNative;
+#ifdef EMOE_HAVE_ONEDNN
+    // the CPU as oneDNN reads it, whatever EMOE_GEMM says (ATen's bfloat16 products are scalar
+    // exactly where there is no AVX-512)
+    const auto isa = [] {
+      try {
+        return static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+      } catch (const std::exception&) {
+        return 0u;
+      }
+    }();
+    const auto core = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+    if ((isa & core) != core) fallback = Bf16Gemm::kFloat32;
+#endif
+    v = static_cast<int>(e == "float32"  ? Bf16Gemm::kFloat32
+                         : e == "native" ? Bf16Gemm::kNative
+                                         : fallback);
+    bf16_gemm_setting.store(v);
+  }
+  return static_cast<Bf16Gemm>(v);
+}
+
+Bf16Gemm set_bf16_gemm(Bf16Gemm choice) {
+  const auto prev = bf16_gemm();
+  bf16_gemm_setting.store(static_cast<int>(choice));
+  return prev;
+}
+
+bool bf16_products_on_gemm_out() {
+#ifdef EMOE_HAVE_ONEDNN
+  if (has_isa(dnnl::cpu_isa::avx512_core_bf16)) return true;
+#endif
+  return bf16_gemm() == Bf16Gemm::kFloat32;
 }
 
 std::vector<std::string> onednn_implementation_choices() {
@@ -803,6 +848,25 @@ void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
              accumulate, shapes_vary);
     return;
   }
+  // bfloat16 computed in float32 (Bf16Gemm::kFloat32): the operands widened, the product's
+  // float32 sums rounded once into a bfloat16 out, as oneDNN's bfloat16 products round theirs
+  if (bf16_gemm() == Bf16Gemm::kFloat32 && a.device().is_cpu() &&
+      (a.scalar_type() == at::kBFloat16 || b.scalar_type() == at::kBFloat16 ||
+       out.scalar_type() == at::kBFloat16)) {
+    auto wide = [](const at::Tensor& t) {
+      return t.defined() && t.scalar_type() == at::kBFloat16 ? t.to(at::kFloat) : t;
+    };
+    const auto a32 = wide(a), b32 = wide(b), bias32 = wide(bias);
+    if (out.scalar_type() == at::kFloat) {
+      gemm_out(out, a32, b32, bias32, accumulate, shapes_vary);
+      return;
+    }
+    auto o32 =
+        accumulate ? out.to(at::kFloat) : at::empty(out.sizes(), out.options().dtype(at::kFloat));
+    gemm_out(o32, a32, b32, bias32, accumulate, shapes_vary);
+    out.copy_(o32);
+    return;
+  }
 #ifdef EMOE_HAVE_ONEDNN
   // the inputs' own dtype (no autocast applies to a product asked for directly), one for all
   // (or bfloat16 inputs summed into a float32 out: oneDNN keeps the float32 sums)
@@ -837,7 +901,7 @@ bool autocast_linear_applies(const at::Tensor& x, const at::Tensor& weight,
          x.device().is_cpu() &&
          (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
          (!bias.defined() || (bias.scalar_type() == at::kFloat && bias.device().is_cpu())) &&
-         has_isa(dnnl::cpu_isa::avx512_core_bf16);
+         bf16_products_on_gemm_out();
 #else
   (void)x, (void)weight, (void)bias;
   return false;
@@ -857,7 +921,7 @@ at::Tensor autocast_inference_linear(const at::Tensor& x, const at::Tensor& weig
       (bias.defined() &&
        (!bias.device().is_cpu() || bias.dim() != 1 || bias.size(0) != weight.size(0) ||
         (bias.scalar_type() != at::kFloat && bias.scalar_type() != at::kBFloat16))) ||
-      !has_isa(dnnl::cpu_isa::avx512_core_bf16))
+      !bf16_products_on_gemm_out())
     return at::Tensor();
   RECORD_FUNCTION("emoe::autocast_inference_linear", std::vector<c10::IValue>());
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
@@ -878,6 +942,30 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   if (autocast_linear_applies(x, weight, bias))
     return AutocastLinearFn::apply(x, weight,
                                    bias.defined() ? bias : at::empty({0}, weight.options()));
+  // without gradients, with bfloat16 products computed in float32 (Bf16Gemm::kFloat32): under
+  // CPU bf16 autocast a float32 weight rounded to bfloat16 as autocast's linear would; bfloat16
+  // x, weight (and bias) as they are; both on gemm_out (ATen's bfloat16 products are scalar there)
+  if (bf16_gemm() == Bf16Gemm::kFloat32 && weight.defined() && weight.dim() == 2 &&
+      weight.device().is_cpu() && x.defined() && x.device().is_cpu() &&
+      !(at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
+                                       (bias.defined() && bias.requires_grad())))) {
+    if (weight.scalar_type() == at::kFloat && emoe::autocast_enabled(at::kCPU) &&
+        emoe::autocast_dtype(at::kCPU) == at::kBFloat16) {
+      auto y = autocast_inference_linear(x, weight.to(at::kBFloat16), bias);
+      if (y.defined()) return y;
+    }
+    if (!emoe::autocast_enabled(at::kCPU) && x.scalar_type() == at::kBFloat16 &&
+        weight.scalar_type() == at::kBFloat16 && x.dim() >= 1 && x.numel() > 0 &&
+        x.size(-1) == weight.size(1) &&
+        (!bias.defined() || (bias.scalar_type() == at::kBFloat16 && bias.dim() == 1))) {
+      const auto x2 = x.reshape({-1, weight.size(1)});
+      auto y = at::empty({x2.size(0), weight.size(0)}, x2.options());
+      gemm_out(y, x2, weight.t(), bias);
+      auto shape = x.sizes().vec();
+      shape.back() = weight.size(0);
+      return y.view(shape);
+    }
+  }
   if (!onednn_matmul_enabled(x) || !all_float_cpu({&weight, &bias}))
     return torch::linear(x, weight, bias);
   return LinearFn::apply(x, weight, bias.defined() ? bias : at::empty({0}, weight.options()));
@@ -887,9 +975,14 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
 #ifdef EMOE_HAVE_ONEDNN
   if (autocast_matmul_applies(a, b)) return AutocastMatmulFn::apply(a, b);
 #endif
-  if (!onednn_matmul_enabled(a) || !all_float_cpu({&b}) || a.dim() < 2 || a.dim() != b.dim() ||
-      a.sizes().slice(0, a.dim() - 2) != b.sizes().slice(0, b.dim() - 2))
-    return torch::matmul(a, b);
+  const bool shapes_ok = a.dim() >= 2 && a.dim() == b.dim() &&
+                         a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2);
+  // bfloat16 operands (no autocast) with bfloat16 products computed in float32 (Bf16Gemm)
+  if (shapes_ok && bf16_gemm() == Bf16Gemm::kFloat32 && a.scalar_type() == at::kBFloat16 &&
+      b.scalar_type() == at::kBFloat16 && a.device().is_cpu() && b.device().is_cpu() &&
+      !emoe::autocast_enabled(at::kCPU))
+    return MatmulFn::apply(a, b);
+  if (!onednn_matmul_enabled(a) || !all_float_cpu({&b}) || !shapes_ok) return torch::matmul(a, b);
   return MatmulFn::apply(a, b);
 }
 

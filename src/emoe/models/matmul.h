@@ -35,6 +35,22 @@ std::string matmul_backend_name();
 enum class Float32Gemm { kMeasured, kOneDnn, kAten };
 // Sets it for the process (tests); returns the previous setting.
 Float32Gemm set_float32_gemm(Float32Gemm choice);
+// How bfloat16 CPU products are computed where oneDNN's AVX-512 BF16 kernels are not available
+// (EMOE_BF16_GEMM: "float32", "native", or unset). kFloat32: the operands widened to float32 and
+// multiplied there (oneDNN or OpenBLAS), the result rounded once to the output's dtype — the
+// sums autocast's bfloat16 products make (float32 accumulation), at the float32 products' speed.
+// kNative: ATen's bfloat16 products, which on a CPU without AVX-512 are a scalar loop (measured
+// 4.9 GFLOP/s against OpenBLAS's 172 in float32 on a 2-core AVX2 EPYC). Unset: kFloat32 on CPUs
+// without AVX-512 (no avx512_core as oneDNN reads the CPU, which is when ATen 1.13 takes its
+// scalar path), else kNative; where AVX-512 BF16 is present oneDNN computes them either way.
+enum class Bf16Gemm { kNative, kFloat32 };
+Bf16Gemm bf16_gemm();
+// Sets it for the process (tests); returns the previous setting.
+Bf16Gemm set_bf16_gemm(Bf16Gemm choice);
+// True when emoe computes bfloat16 CPU products itself (oneDNN's AVX-512 BF16 kernels, or the
+// float32 path above): autocast's linear layers and attention products then run on gemm_out.
+bool bf16_products_on_gemm_out();
+
 // Shapes measured so far, and how many of them chose ATen.
 std::pair<int64_t, int64_t> float32_gemm_measurements();
 
@@ -72,7 +88,8 @@ int64_t onednn_product_count();
 // bias [N] or undefined. With accumulate, out += a @ b (bias not allowed). shapes_vary: 2-D
 // products whose sizes change from call to call (an expert's rows) share one oneDNN primitive.
 // float32 (AVX-512) and bfloat16 (AVX-512 BF16) go through oneDNN, computing in the inputs' dtype;
-// any other dtype or device through ATen's mm/addmm. bfloat16 a and b may write (or accumulate
+// bfloat16 elsewhere per Bf16Gemm (kFloat32: widened to float32 and multiplied there); any other
+// dtype or device through ATen's mm/addmm. bfloat16 a and b may write (or accumulate
 // into) a float32 out, without bias: oneDNN keeps its float32 sums; elsewhere the bfloat16 product
 // is rounded once and then added.
 void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,

@@ -48,6 +48,10 @@ torch::Tensor LoraAdapter::adapt(const torch::Tensor& x, LinearImpl& base) {
   // y + (h A^T · scaling) B^T as one addmm: the scaling on the rank-r product, and the update
   // added by the GEMM itself (two passes over the [tokens, out] output fewer)
   auto z = emoe::linear(h, lora_a->weight, at::Tensor()) * scaling();
+  // bfloat16 products computed in float32 (a CPU without AVX-512, matmul.h's Bf16Gemm): on
+  // emoe's products, the update rounded before it is added (ATen's bfloat16 addmm is scalar there)
+  if (bf16_gemm() == Bf16Gemm::kFloat32 && z.scalar_type() == at::kBFloat16 && z.device().is_cpu())
+    return y + emoe::linear(z, lora_b->weight, at::Tensor());
   auto y2 = y.reshape({-1, y.size(-1)});
   return torch::addmm(y2, z.reshape({-1, z.size(-1)}), lora_b->weight.t()).view(y.sizes());
 }
