@@ -70,6 +70,14 @@ void run_system(const InfoArgs& a) {
   // the training step's row-wise kernels (LM loss, SwiGLU, RMSNorm, attention's softmax, bias
   // gradients): the best vector set the CPU has, or ATen's ops
   const std::string rows = row_kernels_isa();
+  // bfloat16 products (matmul.h's Bf16Gemm): oneDNN's AVX-512 BF16 kernels, float32, or ATen's
+  const bool bf16_units = matmul_backend_name().find("bf16") != std::string::npos;
+  const std::string bf16_products =
+      bf16_gemm() == Bf16Gemm::kFloat32
+          ? "computed in float32 (operands widened, sums rounded once to bfloat16; the default "
+            "without AVX-512, EMOE_BF16_GEMM pins it)"
+      : bf16_units ? "oneDNN's AVX-512 BF16 kernels"
+                   : "ATen's (EMOE_BF16_GEMM=native, or AVX-512 without BF16: oneDNN inside ATen)";
   nlohmann::json j = {{"cpu", cpu.model},
                       {"logical_cores", cpu.cores},
                       {"clock_mhz", cpu.mhz},
@@ -81,6 +89,7 @@ void run_system(const InfoArgs& a) {
                       {"dispatched_experts_bfloat16", experts16},
                       {"dispatched_experts_float32_path", path32},
                       {"dispatched_experts_bfloat16_path", path16},
+                      {"bfloat16_products", bf16_products},
                       {"decoding_products", small.empty() ? "library" : small},
                       {"row_kernels", rows.empty() ? "library" : rows},
                       {"theoretical_peak_gflops",
@@ -99,6 +108,7 @@ void run_system(const InfoArgs& a) {
             << fmt::format("isa          {}\n", cpu.isa_text())
             << fmt::format("threads      {} (ATen intra-op)\n", threads)
             << fmt::format("products     float32: {}\n", matmul_backend_name())
+            << fmt::format("bf16         products: {}\n", bf16_products)
             << fmt::format("decoding     products of at most {} rows: {}\n", kSmallGemmMaxRows,
                            small_text)
             << fmt::format(

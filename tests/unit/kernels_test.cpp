@@ -1223,5 +1223,27 @@ TEST(Matmul, Bfloat16ProductsComputedInFloat32AreTheRoundedFloat32Product) {
   const auto gw = g16.t().mm(x16);
   EXPECT_LT(emoe::test::max_abs_diff(lin->weight.grad(), gw),
             1e-3 * (1 + gw.abs().max().item<double>()));
+  // the chunked LM loss under bf16 autocast (operands widened once, not per chunk): its loss and
+  // gradients those of the products computed in bfloat16
+  auto hidden = torch::randn({2, 9, 16}), head = torch::randn({50, 16}) * 0.3;
+  auto labels = torch::randint(0, 50, {2, 9});
+  labels[1][4] = -100;
+  std::vector<std::vector<torch::Tensor>> runs;
+  for (auto mode : {emoe::Bf16Gemm::kFloat32, emoe::Bf16Gemm::kNative}) {
+    emoe::set_bf16_gemm(mode);
+    auto hd = hidden.clone().requires_grad_(true), wd = head.clone().requires_grad_(true);
+    torch::Tensor loss;
+    {
+      emoe::PrecisionScope scope(emoe::Precision::kBf16Mixed, torch::kCPU);
+      loss = emoe::chunked_causal_lm_loss(hd, wd, labels, /*chunk_rows=*/5);
+    }
+    loss.backward();
+    runs.push_back({loss.detach(), hd.grad(), wd.grad()});
+  }
+  EXPECT_NEAR(runs[0][0].item<double>(), runs[1][0].item<double>(), 1e-3);
+  for (int i = 1; i < 3; ++i)
+    EXPECT_LT(emoe::test::max_abs_diff(runs[0][i], runs[1][i]),
+              1e-2 * (1 + runs[1][i].abs().max().item<double>()))
+        << i;
   emoe::set_bf16_gemm(setting);
 }

@@ -43,8 +43,15 @@ class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
         c10::DispatchKeySet({c10::DispatchKey::AutocastCPU, c10::DispatchKey::AutocastCUDA}));
     const auto compute = static_cast<at::ScalarType>(compute_code);
     const bool lower = compute != h.scalar_type();
-    const auto hp = lower ? h.to(compute) : h;  // the products' operands
-    const auto wp = lower ? weight.to(compute) : weight;
+    // the products' operands; with bfloat16 products computed in float32 (matmul.h's Bf16Gemm:
+    // a CPU without AVX-512) widened back to float32 once here, not by every chunk's product
+    const bool widen = lower && compute == at::kBFloat16 && h.device().is_cpu() &&
+                       bf16_gemm() == Bf16Gemm::kFloat32;
+    auto rounded = [&](const at::Tensor& t) {
+      return widen ? t.to(compute).to(at::kFloat) : t.to(compute);
+    };
+    const auto hp = lower ? rounded(h) : h;
+    const auto wp = lower ? rounded(weight) : weight;
     const int64_t n = h.size(0), vocab = weight.size(0);
     const auto valid = target != -100;
     const auto count = valid.sum().to(h.scalar_type());  // 0: the mean is NaN, as cross_entropy's
@@ -91,7 +98,7 @@ class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
       if (!logits.defined() || logits.size(0) != c) {
         logits = at::empty({c, vocab}, h.options());
         if (lower) low = at::empty({c, vocab}, h.options().dtype(compute));
-        if (lower && need_h) gh_part = at::empty({c, h.size(1)}, hp.options());
+        if (lower && need_h) gh_part = at::empty({c, h.size(1)}, hp.options().dtype(compute));
       }
       const auto hc = h.narrow(0, r0, c);
       const auto vc = valid.narrow(0, r0, c);
@@ -124,7 +131,8 @@ class ChunkedLmLossFn : public torch::autograd::Function<ChunkedLmLossFn> {
           gh.narrow(0, r0, c).copy_(gh_part);
         }
         if (need_w) {
-          if (!gw_part.defined()) gw_part = at::empty({vocab, h.size(1)}, hp.options());
+          if (!gw_part.defined())
+            gw_part = at::empty({vocab, h.size(1)}, hp.options().dtype(compute));
           gemm_out(gw_part, low.t(), hp.narrow(0, r0, c));
           r0 == 0 ? gw.copy_(gw_part) : gw.add_(gw_part);
         }
