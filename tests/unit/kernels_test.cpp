@@ -29,6 +29,16 @@
 
 namespace {
 
+// bfloat16 results equal to autocast's, or within one bfloat16 step where bfloat16 products are
+// computed in float32 (matmul.h's Bf16Gemm::kFloat32, the default without AVX-512: the sums run
+// in another order than ATen's bfloat16 products)
+bool same_bf16_result(const torch::Tensor& got, const torch::Tensor& want) {
+  if (emoe::bf16_gemm() != emoe::Bf16Gemm::kFloat32) return torch::equal(got, want);
+  if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) return false;
+  const auto g = got.to(torch::kFloat), w = want.to(torch::kFloat);
+  return ((g - w).abs() <= w.abs() * (1.0 / 128) + 1e-6).all().item<bool>();
+}
+
 // segment j of x times block j of w (the definition), with autograd through narrow()
 torch::Tensor kernels_reference(const torch::Tensor& x, const torch::Tensor& w,
                                 const torch::Tensor& b, const std::vector<int64_t>& counts,
@@ -633,9 +643,21 @@ TEST(LinearAutocast, AFrozenWeightIsCastOnceAndAgainAfterItChanges) {
     EXPECT_TRUE(torch::equal(w1, lin->weight_out_in().to(torch::kBFloat16)));
     auto y = lin->forward(x);
     ASSERT_EQ(y.scalar_type(), y_ref.scalar_type());
-    EXPECT_TRUE(torch::equal(y, y_ref));
+    if (emoe::bf16_gemm() == emoe::Bf16Gemm::kFloat32) {
+      // computed in float32: within a step of the float64 product of the bfloat16 operands
+      // (ATen's own bfloat16 product of the Conv1D layout strays further, by up to 4 %)
+      torch::NoGradGuard no_grad;
+      const auto want =
+          torch::addmm(lin->bias.to(torch::kBFloat16).to(torch::kDouble),
+                       x.to(torch::kBFloat16).to(torch::kDouble), w1.to(torch::kDouble).t());
+      EXPECT_TRUE(
+          ((y.to(torch::kDouble) - want).abs() <= want.abs() / 128 + 1e-6).all().item<bool>());
+    } else {
+      EXPECT_TRUE(torch::equal(y, y_ref));
+    }
     auto gx = torch::autograd::grad({y.sum()}, {x})[0];
-    EXPECT_LT(emoe::test::max_abs_diff(gx.to(torch::kFloat), gx_ref.to(torch::kFloat)), 1e-6);
+    EXPECT_LT(emoe::test::max_abs_diff(gx.to(torch::kFloat), gx_ref.to(torch::kFloat)),
+              emoe::bf16_gemm() == emoe::Bf16Gemm::kFloat32 ? 2e-2 : 1e-6);
     {  // a changed weight: a new copy
       torch::NoGradGuard no_grad;
       lin->weight.mul_(2);
@@ -881,7 +903,8 @@ TEST(Matmul, OneDnnImplementationTimedOncePerClassGivesTheProduct) {
     return emoe::test::max_abs_diff(got, want) <= 1e-4 * (1.0 + want.abs().max().item<double>());
   };
   std::vector<at::ScalarType> dtypes{torch::kFloat};
-  if (emoe::matmul_backend_name().find("bf16") != std::string::npos)
+  if (emoe::matmul_backend_name().find("bf16") != std::string::npos &&
+      emoe::bf16_gemm() != emoe::Bf16Gemm::kFloat32)
     dtypes.push_back(torch::kBFloat16);
   for (const auto dtype : dtypes) {
     const auto what = c10::toString(dtype);
@@ -1086,7 +1109,7 @@ TEST(LinearAutocast, InferenceKeepsOneCastWhileTheWeightIsUnchangedAndTrainingDr
     const int64_t products = emoe::onednn_product_count();
     auto y = q->forward(x);
     ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
-    EXPECT_TRUE(torch::equal(y, reference(q)));
+    EXPECT_TRUE(same_bf16_result(y, reference(q)));
     // on oneDNN with the bias in its epilogue (autocast_inference_linear) where it has bfloat16
     if (emoe::matmul_backend_name().find("bf16") != std::string::npos)
       EXPECT_GT(emoe::onednn_product_count(), products);
@@ -1099,22 +1122,22 @@ TEST(LinearAutocast, InferenceKeepsOneCastWhileTheWeightIsUnchangedAndTrainingDr
       emoe::Linear l(wide);
       l->bias.normal_();
       const auto xw = torch::randn({4, 33, 768});
-      EXPECT_TRUE(torch::equal(
+      EXPECT_TRUE(same_bf16_result(
           l->forward(xw), torch::linear(xw.to(torch::kBFloat16), l->weight.to(torch::kBFloat16),
                                         l->bias.to(torch::kBFloat16))));
     }
     q->weight.mul_(-1);  // a changed weight: a new copy
-    EXPECT_TRUE(torch::equal(q->forward(x), reference(q)));
+    EXPECT_TRUE(same_bf16_result(q->forward(x), reference(q)));
     // q, k and v fused: one concatenation, kept by q, remade when any weight or bias changes
     auto fused = emoe::fused_linear({q.get(), k.get(), v.get()}, x);
     ASSERT_EQ(fused.size(), 3u);
     EXPECT_TRUE(q->holds_fused_cast());
-    EXPECT_TRUE(torch::equal(fused[1], reference(k)));
+    EXPECT_TRUE(same_bf16_result(fused[1], reference(k)));
     k->bias.add_(1);
     fused = emoe::fused_linear({q.get(), k.get(), v.get()}, x);
-    EXPECT_TRUE(torch::equal(fused[0], reference(q)));
-    EXPECT_TRUE(torch::equal(fused[1], reference(k)));
-    EXPECT_TRUE(torch::equal(fused[2], reference(v)));
+    EXPECT_TRUE(same_bf16_result(fused[0], reference(q)));
+    EXPECT_TRUE(same_bf16_result(fused[1], reference(k)));
+    EXPECT_TRUE(same_bf16_result(fused[2], reference(v)));
   }
   // a forward with gradients: the copies go, the weights train
   auto y = q->forward(x);
