@@ -71,13 +71,13 @@ void run_system(const InfoArgs& a) {
   // gradients): the best vector set the CPU has, or ATen's ops
   const std::string rows = row_kernels_isa();
   // bfloat16 products (matmul.h's Bf16Gemm): oneDNN's AVX-512 BF16 kernels, float32, or ATen's
-  const bool bf16_units = matmul_backend_name().find("bf16") != std::string::npos;
   const std::string bf16_products =
       bf16_gemm() == Bf16Gemm::kFloat32
           ? "computed in float32 (operands widened, sums rounded once to bfloat16; the default "
             "without AVX-512, EMOE_BF16_GEMM pins it)"
-      : bf16_units ? "oneDNN's AVX-512 BF16 kernels"
-                   : "ATen's (EMOE_BF16_GEMM=native, or AVX-512 without BF16: oneDNN inside ATen)";
+      : bf16_products_on_gemm_out()
+          ? "oneDNN's AVX-512 BF16 kernels"
+          : "ATen's (EMOE_BF16_GEMM=native, or AVX-512 without BF16: oneDNN inside ATen)";
   nlohmann::json j = {{"cpu", cpu.model},
                       {"logical_cores", cpu.cores},
                       {"clock_mhz", cpu.mhz},

@@ -29,14 +29,19 @@
 
 namespace {
 
+// got within one bfloat16 rounding of want (any dtypes; the sums' order may differ)
+bool within_a_bf16_step(const torch::Tensor& got, const torch::Tensor& want) {
+  const auto g = got.to(torch::kDouble), w = want.to(torch::kDouble);
+  return ((g - w).abs() <= w.abs() / 128 + 1e-6).all().item<bool>();
+}
+
 // bfloat16 results equal to autocast's, or within one bfloat16 step where bfloat16 products are
 // computed in float32 (matmul.h's Bf16Gemm::kFloat32, the default without AVX-512: the sums run
 // in another order than ATen's bfloat16 products)
 bool same_bf16_result(const torch::Tensor& got, const torch::Tensor& want) {
   if (emoe::bf16_gemm() != emoe::Bf16Gemm::kFloat32) return torch::equal(got, want);
   if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) return false;
-  const auto g = got.to(torch::kFloat), w = want.to(torch::kFloat);
-  return ((g - w).abs() <= w.abs() * (1.0 / 128) + 1e-6).all().item<bool>();
+  return within_a_bf16_step(got, want);
 }
 
 // segment j of x times block j of w (the definition), with autograd through narrow()
@@ -650,8 +655,7 @@ TEST(LinearAutocast, AFrozenWeightIsCastOnceAndAgainAfterItChanges) {
       const auto want =
           torch::addmm(lin->bias.to(torch::kBFloat16).to(torch::kDouble),
                        x.to(torch::kBFloat16).to(torch::kDouble), w1.to(torch::kDouble).t());
-      EXPECT_TRUE(
-          ((y.to(torch::kDouble) - want).abs() <= want.abs() / 128 + 1e-6).all().item<bool>());
+      EXPECT_TRUE(within_a_bf16_step(y, want));
     } else {
       EXPECT_TRUE(torch::equal(y, y_ref));
     }
@@ -1181,23 +1185,18 @@ TEST(Matmul, Bfloat16ProductsComputedInFloat32AreTheRoundedFloat32Product) {
   torch::manual_seed(11);
   const auto setting = emoe::set_bf16_gemm(emoe::Bf16Gemm::kFloat32);
   const auto bf = torch::kBFloat16;
-  // within one bfloat16 rounding of the float32 product (the sums' order may differ)
-  auto rounded_like = [](const torch::Tensor& got, const torch::Tensor& want32) {
-    const auto err = (got.to(torch::kFloat) - want32).abs();
-    return (err <= want32.abs() * (1.0 / 128) + 1e-6).all().item<bool>();
-  };
   auto a = torch::randn({13, 40}).to(bf), w = torch::randn({24, 40}).to(bf),
        bias = torch::randn({24}).to(bf);
   const auto want =
       torch::addmm(bias.to(torch::kFloat), a.to(torch::kFloat), w.to(torch::kFloat).t());
   auto out = torch::empty({13, 24}, bf);
   emoe::gemm_out(out, a, w.t(), bias);
-  EXPECT_TRUE(rounded_like(out, want));
+  EXPECT_TRUE(within_a_bf16_step(out, want));
   // accumulating into a bfloat16 out, and bfloat16 operands summed into a float32 out
   auto acc = torch::randn({13, 24}).to(bf);
   const auto want_acc = acc.to(torch::kFloat) + want - bias.to(torch::kFloat);
   emoe::gemm_out(acc, a, w.t(), {}, /*accumulate=*/true);
-  EXPECT_TRUE(rounded_like(acc, want_acc));
+  EXPECT_TRUE(within_a_bf16_step(acc, want_acc));
   auto acc32 = torch::randn({13, 24});
   const auto want32 = acc32 + (want - bias.to(torch::kFloat));
   emoe::gemm_out(acc32, a, w.t(), {}, /*accumulate=*/true);
@@ -1205,10 +1204,10 @@ TEST(Matmul, Bfloat16ProductsComputedInFloat32AreTheRoundedFloat32Product) {
   // a column-major out (a weight gradient kept [in, out]) and attention's strided batches
   auto col = torch::empty({24, 13}, bf).t();
   emoe::gemm_out(col, a, w.t());
-  EXPECT_TRUE(rounded_like(col, want - bias.to(torch::kFloat)));
+  EXPECT_TRUE(within_a_bf16_step(col, want - bias.to(torch::kFloat)));
   auto q = torch::randn({2, 7, 3, 8}).to(bf).transpose(1, 2), k = torch::randn({2, 7, 3, 8}).to(bf);
   auto s = emoe::matmul(q, k.transpose(1, 2).transpose(-2, -1));
-  EXPECT_TRUE(rounded_like(
+  EXPECT_TRUE(within_a_bf16_step(
       s,
       torch::matmul(q.to(torch::kFloat), k.transpose(1, 2).transpose(-2, -1).to(torch::kFloat))));
   // the layers: a bfloat16 layer without autocast (decoding a bfloat16 model) and a float32 one
@@ -1224,11 +1223,11 @@ TEST(Matmul, Bfloat16ProductsComputedInFloat32AreTheRoundedFloat32Product) {
     const auto y16 = lin16(x.to(bf));
     const auto ref = torch::linear(x.to(bf).to(torch::kFloat), lin16->weight.to(torch::kFloat),
                                    lin16->bias.to(torch::kFloat));
-    EXPECT_TRUE(rounded_like(y16, ref));
+    EXPECT_TRUE(within_a_bf16_step(y16, ref));
     emoe::PrecisionScope scope(emoe::Precision::kBf16Mixed, torch::kCPU);
     const auto ya = lin(x);
     EXPECT_EQ(ya.scalar_type(), bf);
-    EXPECT_TRUE(rounded_like(ya, ref));
+    EXPECT_TRUE(within_a_bf16_step(ya, ref));
   }
   auto xt = x.clone().requires_grad_(true);
   torch::Tensor yt;

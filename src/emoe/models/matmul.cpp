@@ -28,16 +28,23 @@ namespace {
 std::atomic<int64_t> onednn_products{0};
 
 #ifdef EMOE_HAVE_ONEDNN
-// The CPU's instruction set as oneDNN sees it, once; 0 where EMOE_GEMM=aten turns it off.
-unsigned onednn_isa() {
+// The CPU's instruction set as oneDNN reads it, once (0 where it cannot say).
+unsigned cpu_isa_as_onednn_reads() {
   static const unsigned isa = [] {
-    const char* env = std::getenv("EMOE_GEMM");
-    if (env != nullptr && std::string(env) == "aten") return 0u;
     try {
       return static_cast<unsigned>(dnnl::get_effective_cpu_isa());
     } catch (const std::exception&) {
       return 0u;
     }
+  }();
+  return isa;
+}
+
+// The instruction set emoe's oneDNN products may use; 0 where EMOE_GEMM=aten turns them off.
+unsigned onednn_isa() {
+  static const unsigned isa = [] {
+    const char* env = std::getenv("EMOE_GEMM");
+    return env != nullptr && std::string(env) == "aten" ? 0u : cpu_isa_as_onednn_reads();
   }();
   return isa;
 }
@@ -690,15 +697,8 @@ Bf16Gemm bf16_gemm() {
 #ifdef EMOE_HAVE_ONEDNN
     // the CPU as oneDNN reads it, whatever EMOE_GEMM says (ATen's bfloat16 products are scalar
     // exactly where there is no AVX-512)
-    const auto isa = [] {
-      try {
-        return static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-      } catch (const std::exception&) {
-        return 0u;
-      }
-    }();
     const auto core = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
-    if ((isa & core) != core) fallback = Bf16Gemm::kFloat32;
+    if ((cpu_isa_as_onednn_reads() & core) != core) fallback = Bf16Gemm::kFloat32;
 #endif
     v = static_cast<int>(e == "float32"  ? Bf16Gemm::kFloat32
                          : e == "native" ? Bf16Gemm::kNative
@@ -908,6 +908,22 @@ bool autocast_linear_applies(const at::Tensor& x, const at::Tensor& weight,
 #endif
 }
 
+namespace {
+
+// x W^T + b on gemm_out for a bfloat16 weight [out, in], x and the bias rounded to bfloat16 (no
+// autograd; the callers check the shapes)
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  const auto x2 = x.reshape({-1, in}).to(at::kBFloat16);
+  auto y = at::empty({x2.size(0), out_features}, x2.options());
+  gemm_out(y, x2, weight.t(), bias.defined() ? bias.to(at::kBFloat16) : at::Tensor());
+  auto shape = x.sizes().vec();
+  shape.back() = out_features;
+  return y.view(shape);
+}
+
+}  // namespace
+
 at::Tensor autocast_inference_linear(const at::Tensor& x, const at::Tensor& weight,
                                      const at::Tensor& bias) {
 #ifdef EMOE_HAVE_ONEDNN
@@ -925,13 +941,7 @@ at::Tensor autocast_inference_linear(const at::Tensor& x, const at::Tensor& weig
     return at::Tensor();
   RECORD_FUNCTION("emoe::autocast_inference_linear", std::vector<c10::IValue>());
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
-  const int64_t in = weight.size(1), out_features = weight.size(0);
-  const auto x2 = x.reshape({-1, in}).to(at::kBFloat16);
-  auto y = at::empty({x2.size(0), out_features}, x2.options());
-  gemm_out(y, x2, weight.t(), bias.defined() ? bias.to(at::kBFloat16) : at::Tensor());
-  auto shape = x.sizes().vec();
-  shape.back() = out_features;
-  return y.view(shape);
+  return bf16_linear(x, weight, bias);
 #else
   (void)x, (void)weight, (void)bias;
   return at::Tensor();
@@ -957,14 +967,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
     if (!emoe::autocast_enabled(at::kCPU) && x.scalar_type() == at::kBFloat16 &&
         weight.scalar_type() == at::kBFloat16 && x.dim() >= 1 && x.numel() > 0 &&
         x.size(-1) == weight.size(1) &&
-        (!bias.defined() || (bias.scalar_type() == at::kBFloat16 && bias.dim() == 1))) {
-      const auto x2 = x.reshape({-1, weight.size(1)});
-      auto y = at::empty({x2.size(0), weight.size(0)}, x2.options());
-      gemm_out(y, x2, weight.t(), bias);
-      auto shape = x.sizes().vec();
-      shape.back() = weight.size(0);
-      return y.view(shape);
-    }
+        (!bias.defined() || (bias.scalar_type() == at::kBFloat16 && bias.dim() == 1)))
+      return bf16_linear(x, weight, bias);
   }
   if (!onednn_matmul_enabled(x) || !all_float_cpu({&weight, &bias}))
     return torch::linear(x, weight, bias);
