@@ -35,7 +35,7 @@ constexpr const char* kUsage =
     "            [--warmup W] [--precision fp32|bf16|both] [--batch B --seq T] [--layers L]\n"
     "            [--device cpu|cuda] [--json FILE] [--markdown FILE] [--peak-seconds S]\n"
     "bench_train --single MODEL METHOD PRECISION [--profile trace.json]\n"
-    "            [--profile-inference trace.json] [--gemm-ab] (and the flags above)\n"
+    "            [--profile-inference trace.json] [--gemm-ab] [--pack-ab] (and the flags above)\n"
     "  --peak-seconds S: per shape and path of the measured GEMM peak (default 0.4; below 0.1\n"
     "    only a 512-cube, for the quick check).\n"
     "  --batch/--seq/--layers shrink the shapes (for a quick check; 0, the default: the issue's).\n"
@@ -45,6 +45,10 @@ constexpr const char* kUsage =
     "    forward's. --gemm-ab (with --single): alternates training steps with oneDNN's\n"
     "    implementation of each product chosen by measurement (the default) and oneDNN's own\n"
     "    first choice everywhere (EMOE_GEMM=onednn), and reports the ratio measured/default.\n"
+    "    --pack-ab (with --single): alternates training steps, and inference forwards, with\n"
+    "    second operands packed where measured faster (the default) and never packed\n"
+    "    (EMOE_PACK_B=never: the same implementations on them as they are); reports both\n"
+    "    ratios, measured/never.\n"
     "  EMOE_KERNELS=FILE (a run's kernels.json): every row's process pins that record's timed\n"
     "    kernel choices first, as the emoe command does (runs then compare on the same kernels).\n";
 
@@ -59,6 +63,7 @@ struct Args {
   std::string json_out, markdown_out, single_model, single_method, single_precision, profile,
       profile_inference;
   bool gemm_ab = false;
+  bool pack_ab = false;
   int64_t steps = 3, warmup = 3, batch = 0, seq = 0, layers = 0;
   double peak_seconds = 0.4;  // per shape and path of the measured peak (< 0.1: one small cube)
 };
@@ -246,18 +251,37 @@ void measure_one(const Args& a) {
     emoe::set_float32_gemm(before);
     gemm_measured_over_default = t_measured / t_default;
   }
+  // --pack-ab: the same steps with no second operand packed (PackB::kNever; its own primitives,
+  // the cache keys carry the setting; each class keeps the implementation measured above, on b
+  // as it is), alternated with the measured choices; then the same for inference forwards
+  double pack_train_ratio = 0, pack_infer_ratio = 0;
+  auto infer_forward = [&] {
+    torch::NoGradGuard g;
+    emoe::PrecisionScope scope(precision, dev);
+    (void)model->forward(in).logits.sum().item<double>();
+  };
+  auto alternate = [&](const std::function<void()>& run) {
+    const auto before = emoe::set_pack_b(emoe::PackB::kNever);
+    run();  // (creates the unpacked primitives)
+    double t_packed = 0, t_never = 0;
+    for (int64_t i = 0; i < a.steps; ++i)
+      for (bool packed : {false, true}) {
+        emoe::set_pack_b(packed ? emoe::PackB::kMeasured : emoe::PackB::kNever);
+        auto t0 = std::chrono::steady_clock::now();
+        run();
+        (packed ? t_packed : t_never) += seconds_since(t0);
+      }
+    emoe::set_pack_b(before);
+    return t_packed / t_never;
+  };
+  if (a.pack_ab) pack_train_ratio = alternate(train_step);
   model->eval();
   double infer_s = 0;
   {
-    torch::NoGradGuard g;
     in.output_logits = true;
-    infer_s = emoe::bench::time_per_call(
-        [&] {
-          emoe::PrecisionScope scope(precision, dev);
-          (void)model->forward(in).logits.sum().item<double>();
-        },
-        static_cast<int>(a.steps), 0.0);
+    infer_s = emoe::bench::time_per_call(infer_forward, static_cast<int>(a.steps), 0.0);
   }
+  if (a.pack_ab) pack_infer_ratio = alternate(infer_forward);
   if (!a.profile_inference.empty()) {
     torch::NoGradGuard g;
     emoe::PrecisionScope scope(precision, dev);
@@ -296,6 +320,10 @@ void measure_one(const Args& a) {
                       {"loss", loss_value},
                       {"onednn_implementations", emoe::onednn_implementation_choices()}};
   if (a.gemm_ab) j["gemm_measured_step_over_default_step"] = gemm_measured_over_default;
+  if (a.pack_ab) {
+    j["packed_step_over_unpacked_step"] = pack_train_ratio;
+    j["packed_inference_over_unpacked_inference"] = pack_infer_ratio;
+  }
   if (cost.moe)
     j["moe"] = {{"experts", cost.moe_config.experts},
                 {"topk", cost.moe_config.topk},
@@ -492,6 +520,8 @@ int main(int argc, char** argv) {
           a.profile_inference = value();
         } else if (k == "--gemm-ab") {
           a.gemm_ab = true;
+        } else if (k == "--pack-ab") {
+          a.pack_ab = true;
         } else if (k == "--single") {
           a.single_model = value();
           a.single_method = value();

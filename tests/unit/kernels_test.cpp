@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <regex>
 
 #include "emoe/core/autocast_compat.h"
 #include "emoe/core/error.h"
@@ -949,6 +950,107 @@ TEST(Matmul, OneDnnImplementationTimedOncePerClassGivesTheProduct) {
     emoe::set_float32_gemm(emoe::Float32Gemm::kMeasured);
   }
   emoe::set_float32_gemm(setting);
+}
+
+TEST(Matmul, ProductsOnAPackedSecondOperandAreTheSameBits) {
+  // PackB: b copied into oneDNN's blocked layout first, then the same implementation's product on
+  // the copy — the same sums in the same order, so the same bits as on b as it is — for the
+  // layer's forward (a transposed weight view, with a bias), its input gradient (the weight as it
+  // is), a weight's gradient (g^T x), accumulation, odd sizes and bfloat16 summed into float32;
+  // a measured class lists the packed candidate, and a pinned "(B packed)" choice is taken
+  if (!emoe::onednn_matmul_enabled(torch::zeros({1})))
+    GTEST_SKIP() << "float32 products use ATen here: " << emoe::matmul_backend_name();
+  torch::manual_seed(12);
+  const auto gemm = emoe::set_float32_gemm(emoe::Float32Gemm::kOneDnn);  // oneDNN's first, untimed
+  const auto packing = emoe::set_pack_b(emoe::PackB::kNever);
+  std::vector<at::ScalarType> dtypes{torch::kFloat};
+  if (emoe::matmul_backend_name().find("bf16") != std::string::npos &&
+      emoe::bf16_gemm() != emoe::Bf16Gemm::kFloat32)
+    dtypes.push_back(torch::kBFloat16);
+  for (const auto dtype : dtypes) {
+    const auto what = std::string(c10::toString(dtype));
+    auto x = torch::randn({301, 197}).to(dtype), w = torch::randn({143, 197}).to(dtype);
+    auto bias = torch::randn({143}).to(dtype), g = torch::randn({301, 143}).to(dtype);
+    auto acc0 = torch::randn({301, 197}).to(dtype);
+    struct Case {
+      std::string name;
+      std::function<torch::Tensor()> run;
+    };
+    const std::vector<Case> cases = {
+        {"x w^T + b",
+         [&] {
+           auto y = torch::empty({301, 143}, x.options());
+           emoe::gemm_out(y, x, w.t(), bias);
+           return y;
+         }},
+        {"g w",
+         [&] {
+           auto y = torch::empty({301, 197}, x.options());
+           emoe::gemm_out(y, g, w);
+           return y;
+         }},
+        {"g^T x into float32",
+         [&] {
+           auto y = torch::empty({143, 197}, x.options().dtype(torch::kFloat));
+           emoe::gemm_out(y, g.t(), x);
+           return y;
+         }},
+        {"acc + g w", [&] {
+           auto y = acc0.clone();
+           emoe::gemm_out(y, g, w, {}, /*accumulate=*/true);
+           return y;
+         }}};
+    for (const auto& c : cases) {
+      emoe::set_pack_b(emoe::PackB::kNever);
+      const auto packed_before = emoe::onednn_packed_product_count();
+      const auto plain = c.run();
+      EXPECT_EQ(emoe::onednn_packed_product_count(), packed_before) << what << " " << c.name;
+      emoe::set_pack_b(emoe::PackB::kAlways);
+      const auto packed = c.run();
+      EXPECT_EQ(emoe::onednn_packed_product_count(), packed_before + 1) << what << " " << c.name;
+      EXPECT_TRUE(torch::equal(plain, packed)) << what << " " << c.name;
+    }
+  }
+  // measured: the packed candidate is timed beside oneDNN's implementations (a class no other
+  // test makes: 1100 x 260 x 330, 94M multiply-adds; packing is timed from 1024 rows)
+  // (bfloat16 where oneDNN computes it: a float32 shape may go to ATen, timing none of oneDNN's)
+  emoe::set_float32_gemm(emoe::Float32Gemm::kMeasured);
+  emoe::set_pack_b(emoe::PackB::kMeasured);
+  const auto dtype = dtypes.back();
+  auto a = torch::randn({1100, 260}).to(dtype), w = torch::randn({330, 260}).to(dtype);
+  const auto want = a.to(torch::kDouble).mm(w.to(torch::kDouble).t());
+  // (a bfloat16 output: each sum rounded to 8 bits)
+  const double tol =
+      (dtype == torch::kFloat ? 1e-4 : 8e-3) * (1.0 + want.abs().max().item<double>());
+  auto y = torch::empty({1100, 330}, a.options());
+  const size_t start = emoe::onednn_implementation_choices().size();
+  emoe::gemm_out(y, a, w.t());
+  EXPECT_LE(emoe::test::max_abs_diff(y, want), tol);
+  const auto lines = emoe::onednn_implementation_choices();
+  if (lines.size() == start + 1) {
+    const auto& line = lines.back();
+    const std::regex packed_candidate(R"([;,] ([^;,()]+) \(B packed\) \d+ GFLOP/s)");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(line, m, packed_candidate)) << line;
+    // pinned to the packed variant (as a kernels.json of a process where it won would say)
+    const auto cls = line.substr(0, line.find(": "));
+    emoe::GemmChoiceSet pin;
+    pin.onednn_implementations[cls] = m[1].str() + " (B packed)";
+    ASSERT_EQ(emoe::pin_gemm_choices(pin), "");
+    const auto packed_before = emoe::onednn_packed_product_count();
+    auto y2 = torch::empty({1100, 330}, a.options());
+    emoe::gemm_out(y2, a, w.t());
+    EXPECT_EQ(emoe::onednn_packed_product_count(), packed_before + 1) << line;
+    EXPECT_LE(emoe::test::max_abs_diff(y2, want), tol);
+    // ... and without packing, the same implementation on w as it is
+    emoe::set_pack_b(emoe::PackB::kNever);
+    auto y3 = torch::empty({1100, 330}, a.options());
+    emoe::gemm_out(y3, a, w.t());
+    EXPECT_EQ(emoe::onednn_packed_product_count(), packed_before + 1);
+    EXPECT_TRUE(torch::equal(y2, y3));
+  }
+  emoe::set_pack_b(packing);
+  emoe::set_float32_gemm(gemm);
 }
 
 TEST(ChunkedLmLoss, MatchesCrossEntropyOfTheLogitsInValueAndGradients) {

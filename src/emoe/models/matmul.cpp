@@ -26,6 +26,8 @@ namespace emoe {
 namespace {
 
 std::atomic<int64_t> onednn_products{0};
+std::atomic<int64_t> onednn_packed_products{0};  // (of which b was packed first: PackB)
+std::atomic<int> pack_b_setting{-1};             // PackB, or -1: from EMOE_PACK_B on first use
 
 #ifdef EMOE_HAVE_ONEDNN
 // The CPU's instruction set as oneDNN reads it, once (0 where it cannot say).
@@ -101,11 +103,80 @@ std::unordered_map<int, dnnl::memory> product_args(const at::Tensor& out, const 
   return args;
 }
 
+// A product: oneDNN's primitive and, where its second operand is first copied into the blocked
+// layout the primitive reads (PackB, matmul.h), the reorder that copies it there.
+struct Product {
+  dnnl::matmul prim;
+  dnnl::reorder pack;         // empty: b as it is
+  dnnl::memory::desc packed;  // (with pack) b's blocked layout
+  explicit operator bool() const { return static_cast<bool>(prim); }
+};
+
+// The blocked copy of a product's second operand: one buffer per thread, grown to the largest
+// copy asked for and kept (a fresh allocation per product page-faults its megabytes each time).
+void* pack_scratch(size_t bytes) {
+  thread_local at::Tensor buf;
+  if (!buf.defined() || static_cast<size_t>(buf.numel()) < bytes) {
+    buf = at::Tensor();  // (the old one freed first)
+    buf = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte));
+  }
+  return buf.data_ptr();
+}
+
+// Runs a product on oneDNN: b copied into its blocked layout first where the product says so.
+void execute_product(const Product& p, dnnl::stream& stream,
+                     std::unordered_map<int, dnnl::memory> args) {
+  if (p.pack) {
+    dnnl::memory packed(p.packed, cpu_engine(), pack_scratch(p.packed.get_size()));
+    p.pack.execute(stream, args.at(DNNL_ARG_WEIGHTS), packed);
+    args[DNNL_ARG_WEIGHTS] = packed;
+  }
+  p.prim.execute(stream, args);
+}
+
+// The packed variant of a 2-D product (PackB): the primitive for make_desc's product of b in the
+// layout oneDNN prefers, in implementation `impl` (empty: oneDNN's first that is not a reference
+// one, named in *name_out), and the reorder into it; empty where that layout is b's own (nothing to
+// gain), past 16 MiB, or not offered. (A 32000-word LM head, 32 MiB in bfloat16, timed alone
+// packed faster; in a training step the copy, past the last-level cache, goes to memory and back.)
+constexpr size_t kMaxPackedBytes = size_t{16} << 20;
+using MakeDesc = std::function<dnnl::matmul::desc(const dnnl::memory::desc&)>;
+Product packed_variant(const MakeDesc& make_desc, const dnnl::primitive_attr& attr,
+                       const at::Tensor& b, const std::string& impl,
+                       std::string* name_out = nullptr) {
+  if (b.dim() != 2) return {};
+  try {
+    const auto b_md = matrix_desc(b);
+    // (the operation's descriptor outlives the iteration over its implementations)
+    const auto desc =
+        make_desc(dnnl::memory::desc(b_md.dims(), b_md.data_type(), dnnl::memory::format_tag::any));
+    dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
+    do {
+      const std::string name = pd.impl_info_str();
+      if (impl.empty() ? name.find("ref") == std::string::npos : name == impl) {
+        const auto packed = pd.weights_desc();
+        if (packed == b_md || packed.get_size() > kMaxPackedBytes) return {};
+        Product p;
+        p.prim = dnnl::matmul(pd);
+        p.pack =
+            dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), b_md, cpu_engine(), packed));
+        p.packed = packed;
+        if (name_out) *name_out = name;
+        return p;
+      }
+    } while (pd.next_impl());
+  } catch (const dnnl::error&) {
+  }
+  return {};
+}
+
+constexpr const char* kPackedSuffix = " (B packed)";
+
 // Primitives by shape, strides and options (creating one JIT-compiles its kernels); an empty
 // one where oneDNN had no kernel, so that a failed creation is not retried on every call.
 struct PrimitiveCache {
   std::mutex mutex;
-  std::unordered_map<std::string, dnnl::matmul> map;
+  std::unordered_map<std::string, Product> map;
 };
 
 PrimitiveCache& primitive_cache() {
@@ -158,7 +229,9 @@ Float32Gemm float32_gemm();
 // EMOE_GEMM=onednn keeps oneDNN's first implementation everywhere (no timing).
 // (products below it, in both choices: the default, unmeasured)
 constexpr double kMeasureMacs = 16.0 * 1024 * 1024;
-constexpr double kImplMargin = 0.90;  // another implementation must take < 90 % of the default's
+constexpr double kImplMargin = 0.90;    // another implementation must take < 90 % of the default's
+constexpr double kPackedMargin = 0.97;  // b packed: < 97 % of the same implementation's time
+constexpr int64_t kPackMinRows = 1024;  // b packed only for products of at least these many rows
 
 struct ImplChoices {
   std::mutex mutex;
@@ -205,13 +278,25 @@ double product_macs(const at::Tensor& a, const at::Tensor& b) {
   return macs;
 }
 
-// The primitive for pd's product: the class's implementation where one was chosen, else (for a
-// product large enough to matter) the fastest measured, else oneDNN's first.
-dnnl::matmul choose_implementation(dnnl::matmul::primitive_desc pd, const at::Tensor& out,
-                                   const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
-                                   bool accumulate) {
+// The product for pd's: the class's implementation where one was chosen, else (for a product
+// large enough to matter) the fastest measured, else oneDNN's first; each 2-D product also
+// packed (PackB: b copied into the layout oneDNN prefers, make_desc's product of it).
+Product choose_implementation(dnnl::matmul::primitive_desc pd, const MakeDesc& make_desc,
+                              const dnnl::primitive_attr& attr, const at::Tensor& out,
+                              const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
+                              bool accumulate) {
+  const auto packing = pack_b();
+  auto plain = [](const dnnl::matmul::primitive_desc& d) {
+    Product p;
+    p.prim = dnnl::matmul(d);
+    return p;
+  };
+  if (packing == PackB::kAlways) {
+    auto p = packed_variant(make_desc, attr, b, "");
+    if (p) return p;
+  }
   if (float32_gemm() != Float32Gemm::kMeasured || product_macs(a, b) < kMeasureMacs)
-    return dnnl::matmul(pd);
+    return plain(pd);
   const std::string cls = impl_class(out, a, b, bias, accumulate);
   auto& c = impl_choices();
   std::string chosen;
@@ -221,33 +306,53 @@ dnnl::matmul choose_implementation(dnnl::matmul::primitive_desc pd, const at::Te
     if (it != c.by_class.end()) chosen = it->second;
   }
   if (!chosen.empty()) {
+    const auto suffix = chosen.rfind(kPackedSuffix);
+    if (suffix != std::string::npos &&
+        suffix + std::string(kPackedSuffix).size() == chosen.size()) {
+      if (packing != PackB::kNever) {
+        auto p = packed_variant(make_desc, attr, b, chosen.substr(0, suffix));
+        if (p) return p;
+      }
+      chosen =
+          chosen.substr(0, suffix);  // (not packed here: the same implementation on b as it is)
+    }
     // oneDNN's first kept as a descriptor (no kernels compiled) for a shape that lacks the choice
     dnnl_primitive_desc_t first_c = nullptr;
     dnnl::error::wrap_c_api(dnnl_primitive_desc_clone(&first_c, pd.get()),
                             "could not clone a matmul primitive descriptor");
     const dnnl::matmul::primitive_desc first(first_c);
     do {
-      if (pd.impl_info_str() == chosen) return dnnl::matmul(pd);
+      if (pd.impl_info_str() == chosen) return plain(pd);
     } while (pd.next_impl());
-    return dnnl::matmul(first);
+    return plain(first);
   }
   // every implementation but the reference one, timed on a zeroed scratch output (a sum
   // post-op then adds to zeros, not to whatever memory held)
-  std::vector<std::pair<std::string, dnnl::matmul>> candidates;
-  dnnl::matmul first;  // oneDNN's own choice, whatever it is (kept where nothing else is offered)
+  std::vector<std::pair<std::string, Product>> candidates;
+  Product first;  // oneDNN's own choice, whatever it is (kept where nothing else is offered)
   do {
     const std::string name = pd.impl_info_str();
     if (name.find("ref") == std::string::npos)
-      candidates.emplace_back(name, dnnl::matmul(pd));
+      candidates.emplace_back(name, plain(pd));
     else if (!first && candidates.empty())
-      first = dnnl::matmul(pd);
+      first = plain(pd);
   } while (pd.next_impl());
-  if (candidates.empty()) return first;
-  if (candidates.size() == 1) {
-    std::lock_guard<std::mutex> lock(c.mutex);
-    c.by_class.emplace(cls, candidates[0].first);
-    return candidates[0].second;
+  const size_t unpacked = candidates.size();
+  // (packed: only for products of many rows, where one pass over b is a small part of the work;
+  // the chunked LM loss's 512-row products timed packed faster alone but not in a step)
+  if (packing != PackB::kNever && a.dim() == 2 && a.size(0) >= kPackMinRows) {
+    std::string name;
+    auto p = packed_variant(make_desc, attr, b, "", &name);
+    if (p) candidates.emplace_back(name + kPackedSuffix, p);
   }
+  if (candidates.empty()) return first;
+  auto remember = [&](size_t i, const std::string& line) {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    c.by_class.emplace(cls, candidates[i].first);
+    if (!line.empty() && c.log.size() < 256) c.log.push_back(line);
+    return candidates[i].second;
+  };
+  if (candidates.size() == 1) return remember(0, "");
   auto scratch = at::empty_strided(out.sizes(), out.strides(), out.options()).zero_();
   thread_local dnnl::stream stream(cpu_engine());
   const auto args = product_args(scratch, a, b, bias);
@@ -257,14 +362,23 @@ dnnl::matmul choose_implementation(dnnl::matmul::primitive_desc pd, const at::Te
   for (int round = -1; round < 3; ++round)
     for (size_t i = 0; i < candidates.size(); ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      candidates[i].second.execute(stream, args);
+      execute_product(candidates[i].second, stream, args);
       stream.wait();
       const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (round >= 0) seconds[i] = std::min(seconds[i], t);
     }
   size_t pick = 0;
-  for (size_t i = 1; i < candidates.size(); ++i)
+  for (size_t i = 1; i < unpacked; ++i)
     if (seconds[i] < kImplMargin * seconds[0] && seconds[i] < seconds[pick]) pick = i;
+  if (candidates.size() > unpacked) {
+    // packed: the same implementation gives the same sums (tested), so a smaller margin; another
+    // implementation must beat the default's as above
+    const size_t p = unpacked;
+    const bool same = unpacked > 0 && candidates[p].first == candidates[pick].first + kPackedSuffix;
+    const double bar =
+        same ? kPackedMargin * seconds[pick] : std::min(seconds[pick], kImplMargin * seconds[0]);
+    if (seconds[p] < bar) pick = p;
+  }
   // "(default; ...)" where oneDNN's first won, "(over <default>; ...)" where another did
   std::string line = cls + ": " + candidates[pick].first +
                      (pick == 0 ? " (default; " : " (over " + candidates[0].first + "; ");
@@ -273,10 +387,7 @@ dnnl::matmul choose_implementation(dnnl::matmul::primitive_desc pd, const at::Te
     line += (i ? ", " : "") + candidates[i].first + " " +
             std::to_string(static_cast<int>(gflop / seconds[i])) + " GFLOP/s";
   line += ")";
-  std::lock_guard<std::mutex> lock(c.mutex);
-  c.by_class.emplace(cls, candidates[pick].first);
-  if (c.log.size() < 256) c.log.push_back(line);
-  return candidates[pick].second;
+  return remember(pick, line);
 }
 
 // Runs out = a @ b (+ bias | + out) through oneDNN; false when oneDNN has no kernel for these
@@ -305,8 +416,9 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
   key += bias.defined() ? 'b' : '-';
   key += accumulate ? 'a' : '-';
   key += float32_gemm() == Float32Gemm::kMeasured ? 'm' : 'd';  // (choose_implementation)
+  key += static_cast<char>('0' + static_cast<int>(pack_b()));
   auto& cache = primitive_cache();
-  dnnl::matmul prim;
+  Product prim;
   {
     std::lock_guard<std::mutex> lock(cache.mutex);
     auto it = cache.map.find(key);
@@ -329,13 +441,19 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
         attr.set_post_ops(ops);
       }
       auto md = runtime ? runtime_matrix_desc : matrix_desc;
-      auto desc = bias.defined() ? dnnl::matmul::desc(md(a), md(b), bias_md_create, md(out))
-                                 : dnnl::matmul::desc(md(a), md(b), md(out));
+      const MakeDesc make_desc = [&](const dnnl::memory::desc& b_md) {
+        return bias.defined() ? dnnl::matmul::desc(md(a), b_md, bias_md_create, md(out))
+                              : dnnl::matmul::desc(md(a), b_md, md(out));
+      };
+      const auto desc = make_desc(md(b));
       dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
       // (runtime shapes: one primitive for many sizes; oneDNN's first implementation)
-      prim = runtime ? dnnl::matmul(pd) : choose_implementation(pd, out, a, b, bias, accumulate);
+      if (runtime)
+        prim.prim = dnnl::matmul(pd);
+      else
+        prim = choose_implementation(pd, make_desc, attr, out, a, b, bias, accumulate);
     } catch (const dnnl::error&) {
-      prim = dnnl::matmul();  // remembered as "no kernel" (an empty primitive)
+      prim = Product();  // remembered as "no kernel" (an empty primitive)
     }
     std::lock_guard<std::mutex> lock(cache.mutex);
     if (cache.map.size() >= 4096) cache.map.clear();  // shapes that keep changing: start over
@@ -343,9 +461,10 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
     if (!prim) return false;
   }
   thread_local dnnl::stream stream(cpu_engine());
-  prim.execute(stream, product_args(out, a, b, bias));
+  execute_product(prim, stream, product_args(out, a, b, bias));
   stream.wait();
   onednn_products.fetch_add(1, std::memory_order_relaxed);
+  if (prim.pack) onednn_packed_products.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
@@ -708,6 +827,27 @@ Bf16Gemm bf16_gemm() {
   return static_cast<Bf16Gemm>(v);
 }
 
+PackB pack_b() {
+  int v = pack_b_setting.load();
+  if (v < 0) {
+    const char* env = std::getenv("EMOE_PACK_B");
+    const std::string e = env ? env : "";
+    EMOE_CHECK(e.empty() || e == "measured" || e == "always" || e == "never", UsageError,
+               "EMOE_PACK_B: expected measured, always or never, got '{}'", e);
+    v = static_cast<int>(e == "always"  ? PackB::kAlways
+                         : e == "never" ? PackB::kNever
+                                        : PackB::kMeasured);
+    pack_b_setting.store(v);
+  }
+  return static_cast<PackB>(v);
+}
+
+PackB set_pack_b(PackB choice) {
+  const auto prev = pack_b();
+  pack_b_setting.store(static_cast<int>(choice));
+  return prev;
+}
+
 Bf16Gemm set_bf16_gemm(Bf16Gemm choice) {
   const auto prev = bf16_gemm();
   bf16_gemm_setting.store(static_cast<int>(choice));
@@ -808,6 +948,10 @@ int64_t onednn_product_count() {
   return onednn_products.load();
 }
 
+int64_t onednn_packed_product_count() {
+  return onednn_packed_products.load();
+}
+
 std::string matmul_backend_name() {
 #ifdef EMOE_HAVE_ONEDNN
   if (onednn_isa_ok()) {
@@ -818,10 +962,14 @@ std::string matmul_backend_name() {
       name +=
           "; float32 products of a 2-D shape past 16M multiply-adds: oneDNN or ATen "
           "(OpenBLAS), whichever measured faster for that shape; oneDNN's implementation of "
-          "each product class past 16M multiply-adds (brgemm or gemm-based): the fastest "
-          "measured";
+          "each product class past 16M multiply-adds (brgemm or gemm-based, and of a 2-D "
+          "one, brgemm on its second operand packed into oneDNN's blocked layout first): the "
+          "fastest measured";
     else if (float32_gemm() == Float32Gemm::kAten)
       name = "aten (OpenBLAS; EMOE_GEMM=aten)";
+    if (float32_gemm() != Float32Gemm::kAten && pack_b() != PackB::kMeasured)
+      name += pack_b() == PackB::kAlways ? "; second operands packed: always (EMOE_PACK_B)"
+                                         : "; second operands packed: never (EMOE_PACK_B)";
     return name;
   }
 #endif

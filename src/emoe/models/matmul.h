@@ -47,6 +47,23 @@ enum class Bf16Gemm { kNative, kFloat32 };
 Bf16Gemm bf16_gemm();
 // Sets it for the process (tests); returns the previous setting.
 Bf16Gemm set_bf16_gemm(Bf16Gemm choice);
+// Whether oneDNN's products first copy their second operand (a weight, for a layer's forward
+// and input-gradient products) into the blocked layout oneDNN's kernels read (EMOE_PACK_B:
+// "measured", "always", "never"; unset: measured). oneDNN's brgemm kernels given a plain matrix
+// copy its panels as they go; one reorder of the whole matrix first, then the product on the
+// blocked copy, measured 3-16 % faster for most of BERT-base's and the Llama-style model's 2-D
+// products on a 2-core AMD EPYC with AVX-512 BF16, the reorder included (and slower for others:
+// a few hundred rows, or the float32 LM head). The same kernel on the same sums: the results are
+// the same bits. kMeasured: each 2-D product class past 16M multiply-adds is timed packed and
+// plain along with oneDNN's implementations (onednn_implementation_choices; the packed variant
+// named "<implementation> (B packed)") and the faster kept; kAlways: every 2-D product oneDNN
+// offers a blocked layout for (tests); kNever: none. The blocked copy lives in one scratch
+// buffer per thread, kept between products (allocator-counted tensor memory).
+enum class PackB { kMeasured, kAlways, kNever };
+PackB pack_b();
+// Sets it for the process (tests); returns the previous setting. Drops cached primitives.
+PackB set_pack_b(PackB choice);
+
 // True when emoe computes bfloat16 CPU products itself (oneDNN's AVX-512 BF16 kernels, or the
 // float32 path above): autocast's linear layers and attention products then run on gemm_out.
 bool bf16_products_on_gemm_out();
@@ -82,6 +99,8 @@ void forget_gemm_choices();
 int64_t onednn_primitives_cached();
 // How many products oneDNN has computed in this process (tests check the path was taken).
 int64_t onednn_product_count();
+// ... and of those, how many on a packed second operand (PackB).
+int64_t onednn_packed_product_count();
 
 // out = a @ b (+ bias) without autograd. a [..., M, K], b [..., K, N], out [..., M, N] with the
 // same leading dims, each matrix row- or column-major inside (any strides between matrices);
