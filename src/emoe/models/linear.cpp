@@ -23,9 +23,11 @@ class FrozenLinearFn : public torch::autograd::Function<FrozenLinearFn> {
     ctx->save_for_backward({weight});  // a parameter: held by reference, nothing copied
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     const auto bias = bias_or_empty.numel() > 0 ? bias_or_empty : torch::Tensor();
-    // bfloat16 products computed in float32 (Bf16Gemm::kFloat32, a CPU without AVX-512): on
-    // gemm_out, as autocast's linear would compute them (no gradient mode in here)
-    if (bf16_gemm() == Bf16Gemm::kFloat32) {
+    // under bf16 autocast, where emoe computes bfloat16 products (oneDNN's AVX-512 BF16 kernels
+    // with each class's implementation measured, or in float32 on a CPU without AVX-512): on
+    // gemm_out, as autocast's linear would compute them (no gradient mode in here); ATen's
+    // linear would take oneDNN's first implementation on the weight as it is
+    if (bf16_products_on_gemm_out()) {
       auto y = autocast_inference_linear(x, weight, bias);
       if (y.defined()) return y;
     }
@@ -38,8 +40,7 @@ class FrozenLinearFn : public torch::autograd::Function<FrozenLinearFn> {
     // under autocast the output (and so g) may be bfloat16 while the weight is float32
     const auto w = weight.scalar_type() == g.scalar_type() ? weight : weight.to(g.scalar_type());
     torch::Tensor gx;
-    if (g.scalar_type() == at::kBFloat16 && g.device().is_cpu() &&
-        bf16_gemm() == Bf16Gemm::kFloat32) {
+    if (g.scalar_type() == at::kBFloat16 && g.device().is_cpu() && bf16_products_on_gemm_out()) {
       auto sizes = g.sizes().vec();
       sizes.back() = w.size(1);
       gx = torch::empty(sizes, g.options());
