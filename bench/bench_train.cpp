@@ -233,62 +233,67 @@ void measure_one(const Args& a) {
     for (auto* p : plugs) p->set_dense_override(false);
     moe_over_dense = t_moe / t_dense;
   }
-  // --gemm-ab: the same steps with oneDNN's first implementation of every product (its own
-  // primitives: the cache keys carry the setting), alternated with the measured choices
+  // --gemm-ab, --pack-ab: `run` once with use(false) (creating that setting's primitives: the
+  // cache keys carry the settings), then a.steps times each way, alternated; the time with
+  // use(true) over the time with use(false)
+  auto alternate = [&](const std::function<void(bool)>& use, const std::function<void()>& run) {
+    use(false);
+    run();
+    double t_true = 0, t_false = 0;
+    for (int64_t i = 0; i < a.steps; ++i)
+      for (bool on : {false, true}) {
+        use(on);
+        auto t0 = std::chrono::steady_clock::now();
+        run();
+        (on ? t_true : t_false) += seconds_since(t0);
+      }
+    return t_true / t_false;
+  };
+  // --gemm-ab: the same steps with oneDNN's first implementation of every product, alternated
+  // with the measured choices
   double gemm_measured_over_default = 0;
   if (a.gemm_ab) {
-    const auto before = emoe::set_float32_gemm(emoe::Float32Gemm::kOneDnn);
-    train_step();  // (creates the default primitives)
-    double t_measured = 0, t_default = 0;
-    for (int64_t i = 0; i < a.steps; ++i)
-      for (bool measured : {false, true}) {
-        emoe::set_float32_gemm(measured ? emoe::Float32Gemm::kMeasured
-                                        : emoe::Float32Gemm::kOneDnn);
-        auto t0 = std::chrono::steady_clock::now();
-        train_step();
-        (measured ? t_measured : t_default) += seconds_since(t0);
-      }
+    const auto before = emoe::set_float32_gemm(emoe::Float32Gemm::kOneDnn);  // (the setting)
+    gemm_measured_over_default = alternate(
+        [](bool measured) {
+          emoe::set_float32_gemm(measured ? emoe::Float32Gemm::kMeasured
+                                          : emoe::Float32Gemm::kOneDnn);
+        },
+        train_step);
     emoe::set_float32_gemm(before);
-    gemm_measured_over_default = t_measured / t_default;
   }
-  // --pack-ab: the same steps with no second operand packed (PackB::kNever; its own primitives,
-  // the cache keys carry the setting; each class keeps the implementation measured above, on b
-  // as it is), alternated with the measured choices; then the same for inference forwards
+  // --pack-ab: the same steps with no second operand packed (PackB::kNever; each class keeps the
+  // implementation measured above, on b as it is), alternated with the measured choices; then
+  // the same for inference forwards
   double pack_train_ratio = 0, pack_infer_ratio = 0;
+  const auto pack_before = emoe::pack_b();
+  auto use_packing = [](bool packed) {
+    emoe::set_pack_b(packed ? emoe::PackB::kMeasured : emoe::PackB::kNever);
+  };
   auto infer_forward = [&] {
     torch::NoGradGuard g;
     emoe::PrecisionScope scope(precision, dev);
     (void)model->forward(in).logits.sum().item<double>();
   };
-  auto alternate = [&](const std::function<void()>& run) {
-    const auto before = emoe::set_pack_b(emoe::PackB::kNever);
-    run();  // (creates the unpacked primitives)
-    double t_packed = 0, t_never = 0;
-    for (int64_t i = 0; i < a.steps; ++i)
-      for (bool packed : {false, true}) {
-        emoe::set_pack_b(packed ? emoe::PackB::kMeasured : emoe::PackB::kNever);
-        auto t0 = std::chrono::steady_clock::now();
-        run();
-        (packed ? t_packed : t_never) += seconds_since(t0);
-      }
-    emoe::set_pack_b(before);
-    return t_packed / t_never;
-  };
-  if (a.pack_ab) pack_train_ratio = alternate(train_step);
+  if (a.pack_ab) {
+    pack_train_ratio = alternate(use_packing, train_step);
+    emoe::set_pack_b(pack_before);
+  }
   model->eval();
   double infer_s = 0;
   {
     in.output_logits = true;
     infer_s = emoe::bench::time_per_call(infer_forward, static_cast<int>(a.steps), 0.0);
   }
-  if (a.pack_ab) pack_infer_ratio = alternate(infer_forward);
+  if (a.pack_ab) {
+    pack_infer_ratio = alternate(use_packing, infer_forward);
+    emoe::set_pack_b(pack_before);
+  }
   if (!a.profile_inference.empty()) {
-    torch::NoGradGuard g;
-    emoe::PrecisionScope scope(precision, dev);
-    (void)model->forward(in).logits.sum().item<double>();  // warm
+    infer_forward();  // warm
     {
       torch::autograd::profiler::RecordProfile guard(a.profile_inference);
-      (void)model->forward(in).logits.sum().item<double>();
+      infer_forward();
     }
     std::cerr << "profile of one inference forward written to " << a.profile_inference << "\n";
   }
