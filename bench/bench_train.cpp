@@ -35,7 +35,8 @@ constexpr const char* kUsage =
     "            [--warmup W] [--precision fp32|bf16|both] [--batch B --seq T] [--layers L]\n"
     "            [--device cpu|cuda] [--json FILE] [--markdown FILE] [--peak-seconds S]\n"
     "bench_train --single MODEL METHOD PRECISION [--profile trace.json]\n"
-    "            [--profile-inference trace.json] [--gemm-ab] [--pack-ab] (and the flags above)\n"
+    "            [--profile-inference trace.json] [--gemm-ab] [--pack-ab] [--checkpoint-ab]\n"
+    "            (and the flags above)\n"
     "  --peak-seconds S: per shape and path of the measured GEMM peak (default 0.4; below 0.1\n"
     "    only a 512-cube, for the quick check).\n"
     "  --batch/--seq/--layers shrink the shapes (for a quick check; 0, the default: the issue's).\n"
@@ -49,6 +50,9 @@ constexpr const char* kUsage =
     "    second operands packed where measured faster (the default) and never packed\n"
     "    (EMOE_PACK_B=never: the same implementations on them as they are); reports both\n"
     "    ratios, measured/never.\n"
+    "    --checkpoint-ab (with --single): alternates training steps with every block\n"
+    "    checkpointed (train.gradient_checkpointing) and plain ones; reports the time ratio and\n"
+    "    each way's peak tensor memory.\n"
     "  EMOE_KERNELS=FILE (a run's kernels.json): every row's process pins that record's timed\n"
     "    kernel choices first, as the emoe command does (runs then compare on the same kernels).\n";
 
@@ -64,6 +68,7 @@ struct Args {
       profile_inference;
   bool gemm_ab = false;
   bool pack_ab = false;
+  bool checkpoint_ab = false;
   int64_t steps = 3, warmup = 3, batch = 0, seq = 0, layers = 0;
   double peak_seconds = 0.4;  // per shape and path of the measured peak (< 0.1: one small cube)
 };
@@ -279,6 +284,25 @@ void measure_one(const Args& a) {
     pack_train_ratio = alternate(use_packing, train_step);
     emoe::set_pack_b(pack_before);
   }
+  // --checkpoint-ab: steps with every block checkpointed (train.gradient_checkpointing),
+  // alternated with plain ones; the time ratio and each way's peak tensor memory
+  double ckpt_ratio = 0, ckpt_peak = 0, plain_peak = 0;
+  if (a.checkpoint_ab) {
+    auto use = [&](bool on) { model->set_gradient_checkpointing(on); };
+    auto measured_step = [&] {
+      tensor_memory.reset_peak(dev);
+      train_step();
+      const bool on = model->gradient_checkpointing();
+      double& peak = on ? ckpt_peak : plain_peak;
+      peak = std::max(peak, tensor_memory.peak_mib(dev));
+    };
+    ckpt_ratio = alternate(use, measured_step);
+    use(false);
+    std::cerr << fmt::format(
+        "gradient checkpointing: step {:.3f}x the plain step; peak tensor memory {:.0f} MiB "
+        "(plain {:.0f} MiB, {:.2f}x)\n",
+        ckpt_ratio, ckpt_peak, plain_peak, ckpt_peak / plain_peak);
+  }
   model->eval();
   double infer_s = 0;
   {
@@ -325,6 +349,11 @@ void measure_one(const Args& a) {
                       {"loss", loss_value},
                       {"onednn_implementations", emoe::onednn_implementation_choices()}};
   if (a.gemm_ab) j["gemm_measured_step_over_default_step"] = gemm_measured_over_default;
+  if (a.checkpoint_ab) {
+    j["checkpointed_step_over_plain_step"] = ckpt_ratio;
+    j["checkpointed_peak_tensor_mib"] = ckpt_peak;
+    j["plain_peak_tensor_mib"] = plain_peak;
+  }
   if (a.pack_ab) {
     j["packed_step_over_unpacked_step"] = pack_train_ratio;
     j["packed_inference_over_unpacked_inference"] = pack_infer_ratio;
@@ -527,6 +556,8 @@ int main(int argc, char** argv) {
           a.gemm_ab = true;
         } else if (k == "--pack-ab") {
           a.pack_ab = true;
+        } else if (k == "--checkpoint-ab") {
+          a.checkpoint_ab = true;
         } else if (k == "--single") {
           a.single_model = value();
           a.single_method = value();

@@ -154,6 +154,7 @@ nlohmann::json memory_report(const InfoArgs& a) {
                        {"gradients_bytes", m.gradients},
                        {"optimizer_bytes", m.optimizer},
                        {"activations_bytes", m.activations},
+                       {"activations_checkpointed_bytes", m.checkpointed_activations},
                        {"total_bytes", m.total()}});
   }
   return {{"batch", a.batch},
@@ -300,6 +301,12 @@ void run_info(const InfoArgs& a) {
           human_bytes(m["optimizer_bytes"].get<int64_t>()),
           human_bytes(m["activations_bytes"].get<int64_t>()),
           human_bytes(m["total_bytes"].get<int64_t>()));
+    if (!mem["methods"].empty())
+      std::cout << fmt::format(
+          "with train.gradient_checkpointing: activations {} for every method (each layer keeps "
+          "its input, s*b*h values, and one layer's activations come on top while it is "
+          "recomputed)\n",
+          human_bytes(mem["methods"][0]["activations_checkpointed_bytes"].get<int64_t>()));
     if (!mem["per_rank"].empty()) {
       std::cout << fmt::format(
           "\nper rank, data parallel with the global batch {} split over the ranks, by "

@@ -248,6 +248,19 @@ TEST(Distributed, ShardedLevelsMatchOneProcess) {
           "AdamW state per rank {} MiB of {:.1f}\n",
           method, extra, level, loss, weight, mem["optimizer_state_mib_per_rank"].dump(), whole);
     }
+    // activation checkpointing under ZeRO 3: a block recomputed in backward gathers its weights
+    // again first (the hook on its output's gradient), and the gradients reduce as they come
+    SCOPED_TRACE(method + extra + " sharding full, gradient checkpointing");
+    const auto ckpt = tmp.file(method + "-full-checkpointed");
+    auto r3 = emoe::test::run_emoe(train_args(model, method, ckpt, 20,
+                                              "--set threads=1 --nproc 2 --sharding full --set "
+                                              "train.gradient_checkpointing=true" +
+                                                  extra));
+    ASSERT_EQ(r3.exit_code, 0) << r3.err;
+    EXPECT_NE(r3.err.find("gradient checkpointing: each of the"), std::string::npos) << r3.err;
+    const auto [loss, weight] = run_difference(one, ckpt);
+    EXPECT_LT(loss, 1e-5);
+    EXPECT_LT(weight, 1e-5);
   }
 }
 

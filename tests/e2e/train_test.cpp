@@ -174,6 +174,36 @@ TEST(TrainE2E, ResumeFinishesWithBitwiseEqualWeights) {
   }
 }
 
+// train.gradient_checkpointing: in one process (the same kernel choices) a run with every block
+// recomputed in its backward pass logs the losses and ends with the weights of the run without
+// (dropout, EMoE's routing and balance-free gates alike); the setting is not part of the run, so
+// a plain run resumes with it.
+TEST(TrainE2E, GradientCheckpointingTrainsTheSameRun) {
+  EMOE_REQUIRE_SHARED(bert, "models/bert-mini");
+  EMOE_REQUIRE_SHARED(data, "data/glue/SST-2");
+  emoe::test::TempDir tmp;
+  for (std::string method : {"full", "emoe"}) {
+    SCOPED_TRACE(method);
+    auto a = tmp.file(method + "-plain"), b = tmp.file(method + "-checkpointed");
+    emoe::run_training(tiny_run(bert, method, a, {"save_best=false"}), false);
+    emoe::run_training(
+        tiny_run(bert, method, b, {"save_best=false", "train.gradient_checkpointing=true"}), false);
+    EXPECT_EQ(emoe::test::train_losses(a), emoe::test::train_losses(b));
+    EXPECT_FALSE(emoe::test::train_losses(a).empty());
+    auto wa = checkpoint_weights(a), wb = checkpoint_weights(b);
+    ASSERT_EQ(wa.size(), wb.size());
+    for (auto& [k, t] : wa) EXPECT_TRUE(torch::equal(t, wb.at(k))) << k;
+    auto cfg = emoe::JsonFields::from_file(b + "/config.json").raw();
+    EXPECT_EQ(cfg["train"]["gradient_checkpointing"], true);
+  }
+  auto c = tmp.file("resumed");
+  stopped_run(bert, c);
+  emoe::run_training(
+      tiny_run(bert, "full", c, {"save_best=false", "train.gradient_checkpointing=true"}), true);
+  auto wa = checkpoint_weights(tmp.file("full-plain")), wc = checkpoint_weights(c);
+  for (auto& [k, t] : wa) EXPECT_TRUE(torch::equal(t, wc.at(k))) << k;
+}
+
 TEST(TrainE2E, AblationsAndStoriesClassifier) {
   EMOE_REQUIRE_SHARED(stories, "models/stories260K/hf");
   EMOE_REQUIRE_SHARED(bert, "models/bert-mini");

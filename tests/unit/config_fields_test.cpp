@@ -78,7 +78,8 @@ TEST(ConfigFields, EveryResolvedKeyIsInTheTableAndBack) {
   nlohmann::json cls = fields_base_config(false);
   cls["dataset"] = {{"train", "a.tsv"}, {"dev", "b.tsv"}, {"labels", {"neg", "pos"}}};
   cls["max_shard_size"] = "2GB";
-  cls["train"] = {{"trainable", "moe-layers"}, {"sharding", "gradients"}};
+  cls["train"] = {
+      {"trainable", "moe-layers"}, {"sharding", "gradients"}, {"gradient_checkpointing", true}};
   std::set<std::string> resolved;
   for (const auto& j : {cls, fields_base_config(true)}) {
     const auto c = emoe::RunConfig::from_json(j, "t");

@@ -26,6 +26,8 @@ TEST(TrainingMemory, TinyBertMatchesHandCounts) {
   // Korthikanti et al.: s*b*h*(34 + 5*a*s/h) bytes per layer at 16 bits, x2 for float32
   const int64_t act = 2 * 32 * 8 * h * (34 + 5 * 4 * 32 / h) * 4 / 2;
   EXPECT_EQ(full.activations, act);
+  // checkpointed: each layer's input (s*b*h float32 values) and one layer's activations
+  EXPECT_EQ(full.checkpointed_activations, layers * 32 * 8 * h * 4 + act / layers);
   EXPECT_EQ(full.total(), total * 16 + act);
 
   // LoRA r 8 on query and value (A: r x h, B: h x r) + the classifier; the pooler stays frozen

@@ -265,9 +265,15 @@ class BertModelImpl : public PretrainedModelImpl {
         in.attention_mask.defined() ? in.attention_mask.to(dev) : torch::Tensor();
     for (size_t i = 0; i < layers_.size(); ++i) {
       torch::Tensor probs;
-      before_block(i);
-      h = layers_[i]->forward(h, block, token_mask, in.output_attentions ? &probs : nullptr);
-      after_block(i, h);
+      // (probs: asked for only in a plain run, which calls the lambda at once)
+      auto* want = in.output_attentions ? &probs : nullptr;
+      auto layer = layers_[i];
+      h = run_block(
+          i, *layer, {h},
+          [layer, block, token_mask, want](const std::vector<torch::Tensor>& x) {
+            return layer->forward(x[0], block, token_mask, want);
+          },
+          want != nullptr);
       if (in.output_attentions) out.attentions.push_back(probs);
       if (in.output_hidden_states) out.hidden_states.push_back(h);
     }

@@ -211,10 +211,16 @@ class Gpt2ModelImpl : public PretrainedModelImpl {
     for (size_t i = 0; i < blocks_.size(); ++i) {
       if (in.output_hidden_states) out.hidden_states.push_back(h);
       torch::Tensor probs;
-      before_block(i);
-      h = blocks_[i]->forward(h, block, token_mask, in.cache ? &in.cache->layers[i] : nullptr,
-                              in.output_attentions ? &probs : nullptr);
-      after_block(i, h);
+      // (cache and probs: only in a plain run, which calls the lambda at once)
+      auto* want = in.output_attentions ? &probs : nullptr;
+      auto* kv = in.cache ? &in.cache->layers[i] : nullptr;
+      auto layer = blocks_[i];
+      h = run_block(
+          i, *layer, {h},
+          [layer, block, token_mask, kv, want](const std::vector<torch::Tensor>& x) {
+            return layer->forward(x[0], block, token_mask, kv, want);
+          },
+          kv != nullptr || want != nullptr);
       if (in.output_attentions) out.attentions.push_back(probs);
     }
     decoder_only_outputs(

@@ -345,11 +345,18 @@ class LlamaModelImpl : public PretrainedModelImpl {
       if (in.output_hidden_states) out.hidden_states.push_back(h);
       torch::Tensor probs;
       const bool windowed = c_.sliding_window && static_cast<int64_t>(i) >= c_.first_window_layer;
-      before_block(i);
-      h = layers_[i]->forward(h, cos, sin, windowed ? window_block : block, token_mask,
-                              in.cache ? &in.cache->layers[i] : nullptr,
-                              in.output_attentions ? &probs : nullptr);
-      after_block(i, h);
+      // (cache and probs: only in a plain run, which calls the lambda at once)
+      auto* want = in.output_attentions ? &probs : nullptr;
+      auto* kv = in.cache ? &in.cache->layers[i] : nullptr;
+      auto layer = layers_[i];
+      const auto mask = windowed ? window_block : block;
+      h = run_block(
+          i, *layer, {h},
+          [layer, cos = cos, sin = sin, mask, token_mask, kv,
+           want](const std::vector<torch::Tensor>& x) {
+            return layer->forward(x[0], cos, sin, mask, token_mask, kv, want);
+          },
+          kv != nullptr || want != nullptr);
       if (in.output_attentions) out.attentions.push_back(probs);
     }
     decoder_only_outputs(

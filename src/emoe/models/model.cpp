@@ -8,6 +8,7 @@
 #include "emoe/io/hf_config.h"
 #include "emoe/models/linear.h"
 #include "emoe/models/lm_loss.h"
+#include "emoe/models/recompute.h"
 #include "emoe/models/row_kernels.h"
 #include "emoe/models/small_gemm.h"
 
@@ -59,6 +60,13 @@ nlohmann::json config_with_architecture(const JsonFields& config, const std::str
 
 std::shared_ptr<torch::nn::Module> container() {
   return std::make_shared<torch::nn::Module>();
+}
+
+torch::Tensor PretrainedModelImpl::run_block(
+    size_t i, torch::nn::Module& block, const std::vector<torch::Tensor>& inputs,
+    const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& forward, bool plain) {
+  return emoe::run_block(block_hooks_, i, block, checkpointing_ && is_training() && !plain, inputs,
+                         forward);
 }
 
 nlohmann::json PretrainedModelImpl::config_json() const {

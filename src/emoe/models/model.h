@@ -2,6 +2,7 @@
 #pragma once
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -115,21 +116,29 @@ class PretrainedModelImpl : public torch::nn::Module {
   // Hooks called around each block's forward (null: none). Not owned.
   void set_block_hooks(BlockHooks* hooks) { block_hooks_ = hooks; }
   BlockHooks* block_hooks() const { return block_hooks_; }
+  // Activation checkpointing of every block in training forwards (train.gradient_checkpointing;
+  // recompute.h): no block keeps its activations for the backward pass, which runs each block
+  // again. Forwards with a KV cache or asked for attention probabilities run plainly.
+  void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
+  bool gradient_checkpointing() const { return checkpointing_; }
 
   // config.json to write back: the original fields with architectures/num_labels updated.
   nlohmann::json config_json() const;
   void set_config_json(nlohmann::json j) { config_json_ = std::move(j); }
 
  protected:
-  void before_block(size_t i) const {
-    if (block_hooks_) block_hooks_->before_forward(i);
-  }
-  void after_block(size_t i, const torch::Tensor& out) const {
-    if (block_hooks_) block_hooks_->after_forward(i, out);
-  }
+  // Runs block i (`block`) on `inputs` between the block hooks, checkpointed when
+  // gradient_checkpointing() is on, the model is training and `plain` is false (a cache or
+  // attention probabilities asked for). `forward` is kept until the backward pass: it must
+  // capture by value, and take every tensor that may need a gradient through `inputs`.
+  torch::Tensor run_block(
+      size_t i, torch::nn::Module& block, const std::vector<torch::Tensor>& inputs,
+      const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& forward,
+      bool plain = false);
 
   nlohmann::json config_json_;
   BlockHooks* block_hooks_ = nullptr;
+  bool checkpointing_ = false;
 };
 using ModelPtr = std::shared_ptr<PretrainedModelImpl>;
 

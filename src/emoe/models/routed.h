@@ -23,6 +23,9 @@ class Routed {
   virtual at::Tensor take_usage(bool training) = 0;
   // The weighted auxiliary (balance) loss of the last training forward, or undefined.
   virtual at::Tensor aux_loss() const = 0;
+  // Replaces it (activation checkpointing hands out a differentiable copy of the block's
+  // balance losses in their place: recompute.h).
+  virtual void replace_aux_loss(const at::Tensor& loss) = 0;
   // Pruning and the "MoE -> dense" ablation, where the module supports them.
   virtual bool supports_expert_mask() const { return false; }
   // Only these experts may be selected ([E] bool; undefined = all).

@@ -12,6 +12,7 @@
 #include "emoe/models/dropout.h"
 #include "emoe/models/linear.h"
 #include "emoe/models/norms.h"
+#include "emoe/models/recompute.h"
 
 namespace emoe {
 
@@ -290,6 +291,7 @@ struct T5StackRecord {
   std::vector<torch::Tensor>* attentions = nullptr;
   std::vector<torch::Tensor>* cross = nullptr;
   BlockHooks* hooks = nullptr;  // called around each block; block indices start at first_block
+  bool checkpoint = false;      // activation checkpointing of each block (recompute.h)
   size_t first_block = 0;
 };
 
@@ -345,12 +347,20 @@ class T5StackImpl : public torch::nn::Module {
       if (rec.hidden) rec.hidden->push_back(h);
       torch::Tensor self_probs, cross_probs;
       const bool want = rec.attentions != nullptr;
-      if (rec.hooks) rec.hooks->before_forward(rec.first_block + i);
-      h = blocks_[i]->forward(h, bias, encoder, cross_bias, token_mask,
-                              cache ? &cache->layers[i] : nullptr,
-                              cache ? &cache->cross[i] : nullptr, want ? &self_probs : nullptr,
-                              want && decoder_ ? &cross_probs : nullptr);
-      if (rec.hooks) rec.hooks->after_forward(rec.first_block + i, h);
+      // (cache and probabilities: only in a plain run, which calls the lambda at once; the
+      // position bias and the encoder's output may need gradients: inputs of the block)
+      auto* self_kv = cache ? &cache->layers[i] : nullptr;
+      auto* cross_kv = cache ? &cache->cross[i] : nullptr;
+      auto* self_p = want ? &self_probs : nullptr;
+      auto* cross_p = want && decoder_ ? &cross_probs : nullptr;
+      auto block = blocks_[i];
+      h = run_block(rec.hooks, rec.first_block + i, *block,
+                    rec.checkpoint && train && !cache && !want, {h, bias, encoder, cross_bias},
+                    [block, token_mask, self_kv, cross_kv, self_p,
+                     cross_p](const std::vector<torch::Tensor>& x) {
+                      return block->forward(x[0], x[1], x[2], x[3], token_mask, self_kv, cross_kv,
+                                            self_p, cross_p);
+                    });
       if (want) rec.attentions->push_back(self_probs);
       if (want && decoder_ && rec.cross) rec.cross->push_back(cross_probs);
     }
@@ -450,6 +460,7 @@ class T5ModelImpl : public PretrainedModelImpl {
       if (in.output_hidden_states) rec.hidden = &out.encoder_hidden_states;
       if (in.output_attentions) rec.attentions = &out.encoder_attentions;
       rec.hooks = block_hooks_;
+      rec.checkpoint = checkpointing_;
       enc = encoder_->forward(shared_(ids), enc_mask, {}, {}, nullptr, rec);
     }
     if (enc_mask.defined())
@@ -486,6 +497,7 @@ class T5ModelImpl : public PretrainedModelImpl {
       rec.cross = &out.cross_attentions;
     }
     rec.hooks = block_hooks_;
+    rec.checkpoint = checkpointing_;
     rec.first_block = encoder_->blocks().size();
     auto h = decoder_->forward(shared_(dec_ids), dec_mask, enc, enc_mask, in.cache, rec);
     out.last_hidden_state = h;

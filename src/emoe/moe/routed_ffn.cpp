@@ -7,6 +7,7 @@
 #include "emoe/core/error.h"
 #include "emoe/models/dropout.h"
 #include "emoe/models/matmul.h"
+#include "emoe/models/recompute.h"
 #include "emoe/moe/expert_ffn.h"
 #include "emoe/moe/segment_linear.h"
 
@@ -56,7 +57,7 @@ torch::Tensor RoutedFfnImpl::run(const torch::Tensor& x, const torch::Tensor& to
   }
   auto r = route_tokens(logits, *cfg, is_training());
   aux_loss_ = r.aux_loss;
-  {
+  if (!recomputing()) {  // (a checkpointed block's second run: counted the first time)
     torch::NoGradGuard g;
     auto counts = expert_counts(r, cfg_.experts);
     auto& acc = is_training() ? train_counts_ : eval_counts_;

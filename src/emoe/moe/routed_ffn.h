@@ -28,6 +28,7 @@ class RoutedFfnImpl : public FfnPlug, public Routed {
   int64_t top_k() const override { return cfg_.topk; }
   std::string usage_kind() const override { return "selections"; }
   at::Tensor aux_loss() const override { return aux_loss_; }
+  void replace_aux_loss(const at::Tensor& loss) override { aux_loss_ = loss; }
   bool supports_expert_mask() const override { return true; }
   bool supports_dense_override() const override { return true; }
 

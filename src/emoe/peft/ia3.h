@@ -76,6 +76,7 @@ class MovAdapter : public LinearAdapter, public Routed {
   std::string usage_kind() const override { return "router mass"; }
   at::Tensor take_usage(bool training) override { return mass.take(training, experts_); }
   at::Tensor aux_loss() const override { return {}; }
+  void replace_aux_loss(const at::Tensor& /*loss*/) override {}  // (it has none)
 
   bool feedforward() const { return feedforward_; }
   const std::vector<ScaledRange>& ranges() const { return ranges_; }

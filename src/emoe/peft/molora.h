@@ -40,6 +40,7 @@ class MoloraAdapter : public LinearAdapter, public Routed {
   const MoloraOptions& options() const { return options_; }
   // Weighted balance loss of the last training forward (top-k with a weight > 0), or undefined.
   at::Tensor aux_loss() const override { return aux_loss_; }
+  void replace_aux_loss(const at::Tensor& loss) override { aux_loss_ = loss; }
 
   torch::Tensor molora_A, molora_B, molora_router;
   RouterMass mass;  // router probability mass (after top-k masking)

@@ -3,9 +3,12 @@
 
 #include <torch/torch.h>
 
+#include "emoe/models/recompute.h"
+
 namespace emoe {
 
 void RouterMass::add(const at::Tensor& p, bool training) {
+  if (recomputing()) return;  // a checkpointed block's second run: counted the first time
   torch::NoGradGuard g;
   auto s = p.detach().reshape({-1, p.size(-1)}).sum(0).to(torch::kFloat);
   auto& acc = training ? train_ : eval_;

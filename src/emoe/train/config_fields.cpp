@@ -160,6 +160,9 @@ std::vector<ConfigField> make_fields() {
        "data parallel: what each rank keeps only its share of (ZeRO 1: AdamW state; 2: also the "
        "reduced gradients; 3, full: also the weights of each transformer block, gathered around "
        "its forward and backward)"},
+      {"train.gradient_checkpointing", flag, kNone,
+       "activation checkpointing: each transformer block keeps only its input and runs again in "
+       "the backward pass (less memory, one more forward of the blocks)"},
       // instruction tuning
       {"instruct_data", text, kNone, "Alpaca-style JSON file (objective instruction)"},
       {"instruct_dev_fraction", num, open_open(0, 1), "share held out for the dev loss"},

@@ -23,6 +23,15 @@ int64_t activation_bytes(const ModelSummary& s, int64_t batch, int64_t seq_len,
   return static_cast<int64_t>(per_layer_16bit * scale * static_cast<double>(s.ffn_layers()));
 }
 
+int64_t checkpointed_activation_bytes(const ModelSummary& s, int64_t batch, int64_t seq_len,
+                                      c10::ScalarType dtype) {
+  const int64_t layers = s.ffn_layers();
+  if (layers == 0) return 0;
+  const int64_t inputs =
+      layers * batch * seq_len * s.hidden_size * static_cast<int64_t>(c10::elementSize(dtype));
+  return inputs + activation_bytes(s, batch, seq_len, dtype) / layers;
+}
+
 namespace {
 
 // The largest expert count up to the default that divides d_ff (the run config's default of
@@ -68,6 +77,7 @@ TrainingMemory training_memory(const std::string& model_dir, const std::string& 
   m.gradients = counts.trainable * bytes;
   m.optimizer = counts.trainable * 2 * 4;
   m.activations = activation_bytes(s, batch, seq_len, dtype);
+  m.checkpointed_activations = checkpointed_activation_bytes(s, batch, seq_len, dtype);
   return m;
 }
 
@@ -79,8 +89,10 @@ TrainingMemory per_rank_memory(const TrainingMemory& whole, int64_t batch, int w
   const auto share = [world](int64_t bytes) { return (bytes + world - 1) / world; };
   TrainingMemory m = whole;
   const int64_t per_rank_batch = (batch + world - 1) / world;
-  m.activations = std::llround(static_cast<double>(whole.activations) *
-                               static_cast<double>(per_rank_batch) / static_cast<double>(batch));
+  const double batch_share = static_cast<double>(per_rank_batch) / static_cast<double>(batch);
+  m.activations = std::llround(static_cast<double>(whole.activations) * batch_share);
+  m.checkpointed_activations =
+      std::llround(static_cast<double>(whole.checkpointed_activations) * batch_share);
   if (level != ShardingLevel::kNone) m.optimizer = share(whole.optimizer);
   if (level == ShardingLevel::kGradients || level == ShardingLevel::kFull)
     m.gradients = share(whole.gradients);

@@ -18,6 +18,8 @@ struct TrainingMemory {
   int64_t gradients = 0;    // the trainable parameters' gradients, in the run's dtype
   int64_t optimizer = 0;    // AdamW's two moments per trainable parameter, float32
   int64_t activations = 0;  // activation_bytes()
+  // under train.gradient_checkpointing, in place of `activations` (not in total())
+  int64_t checkpointed_activations = 0;
   int64_t total() const { return weights + gradients + optimizer + activations; }
 };
 
@@ -30,6 +32,11 @@ struct TrainingMemory {
 // adapters still back-propagate through the frozen layers.
 int64_t activation_bytes(const ModelSummary& s, int64_t batch, int64_t seq_len,
                          c10::ScalarType dtype);
+// The same under activation checkpointing (train.gradient_checkpointing; Korthikanti et al.'s
+// "full recomputation"): each transformer layer keeps its input, s·b·h values in the dtype, and
+// one layer's activations above (its recomputation in the backward pass) come on top.
+int64_t checkpointed_activation_bytes(const ModelSummary& s, int64_t batch, int64_t seq_len,
+                                      c10::ScalarType dtype);
 
 // The memory of fine-tuning the folder's model with `method` (run-config defaults; an expert
 // count that divides d_ff when the default does not), built from config.json without its weights.

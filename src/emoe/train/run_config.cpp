@@ -405,6 +405,7 @@ void read_train(const nlohmann::json& j, const std::string& where, TrainOptions&
   tr.get("max_target_length", o.max_target_length);
   tr.get("trainable", o.trainable);
   tr.get("sharding", o.sharding);
+  tr.get("gradient_checkpointing", o.gradient_checkpointing);
   tr.finish();
 }
 
@@ -530,6 +531,7 @@ nlohmann::json RunConfig::to_json() const {
   if (!max_shard_size.empty()) out["max_shard_size"] = max_shard_size;
   if (t.trainable != "all") out["train"]["trainable"] = t.trainable;
   if (t.sharding != "none") out["train"]["sharding"] = t.sharding;
+  if (t.gradient_checkpointing) out["train"]["gradient_checkpointing"] = true;
   // only for seq2seq: the config.json of other runs stays as it was
   if (objective == ObjectiveKind::kSeq2Seq) {
     out["train"]["max_target_length"] = t.max_target_length;
@@ -810,9 +812,10 @@ void config_differences(const nlohmann::json& saved, const nlohmann::json& now,
 
 std::vector<std::string> run_config_differences(nlohmann::json saved, const RunConfig& cfg) {
   auto now = cfg.to_json();
-  // where a run stops early and how the ranks share the optimiser state are not part of the run
-  // (a checkpoint holds the state whole, gathered)
-  for (const char* key : {"stop_after_steps", "sharding"}) {
+  // where a run stops early, how the ranks share the optimiser state and whether activations are
+  // recomputed are not part of the run (a checkpoint holds the state whole, gathered; the
+  // recomputation gives the same gradients)
+  for (const char* key : {"stop_after_steps", "sharding", "gradient_checkpointing"}) {
     if (saved.contains("train")) saved["train"].erase(key);
     now["train"].erase(key);
   }

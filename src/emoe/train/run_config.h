@@ -71,6 +71,10 @@ struct TrainOptions {
   // "optimizer": AdamW state; stage 2 "gradients": AdamW state and reduced gradients), or "none"
   // (every rank holds everything). dist/grad_sync.h.
   std::string sharding = "none";
+  // Activation checkpointing (models/recompute.h): each transformer block keeps only its input
+  // for the backward pass and runs again there (the same gradients; one more forward of the
+  // blocks per step, for one block's activations instead of every block's).
+  bool gradient_checkpointing = false;
 };
 
 // A classification data set from the user's own files (instead of a GLUE task).

@@ -80,6 +80,12 @@ void setup_model(TrainContext& c) {
   c.peft = st.peft;
   c.model->to(c.device, parse_dtype(cfg.dtype));
   c.model->train();
+  c.model->set_gradient_checkpointing(cfg.train.gradient_checkpointing);
+  if (cfg.train.gradient_checkpointing)
+    spdlog::info(
+        "gradient checkpointing: each of the {} transformer blocks keeps only its input "
+        "and runs again in the backward pass",
+        c.model->blocks().size());
   auto counts = count_parameters(*c.model);
   spdlog::info("{} on {}: {} parameters, {} trainable ({:.2f} %)", cfg.method,
                c.model->summary().model_type, counts.total, counts.trainable,
