@@ -233,6 +233,12 @@ TEST(Pretrain, Gpt2CausalLmWithAGivenTokenizer) {
   EXPECT_EQ(model->summary().model_type, "gpt2");
   EXPECT_EQ(model->summary().intermediate_size, 64);
   EXPECT_TRUE(fs::exists(tmp.file("m/vocab.json")));
+  // gradient_checkpointing: the same run (same process, same kernels), block by block recomputed
+  c.gradient_checkpointing = true;
+  c.output = tmp.file("m-checkpointed");
+  auto rc = emoe::run_pretraining(c);
+  EXPECT_EQ(rc.first_loss, r.first_loss);
+  EXPECT_EQ(rc.final_loss, r.final_loss);
 }
 
 TEST(SpanCorruption, SentinelsReplaceSpansAndTheTargetsRestoreThem) {

@@ -57,6 +57,7 @@ nlohmann::json PretrainConfig::to_json() const {
           {"t5_objective", t5_objective},
           {"mean_span_length", mean_span_length},
           {"precision", precision},
+          {"gradient_checkpointing", gradient_checkpointing},
           {"dev_corpus", dev_corpus},
           {"dev_every", dev_every},
           {"max_dev_sequences", max_dev_sequences},
@@ -104,6 +105,7 @@ PretrainConfig PretrainConfig::from_json(const nlohmann::json& j, const std::str
   get("t5_objective", c.t5_objective);
   get("mean_span_length", c.mean_span_length);
   get("precision", c.precision);
+  get("gradient_checkpointing", c.gradient_checkpointing);
   get("dev_corpus", c.dev_corpus);
   get("dev_every", c.dev_every);
   get("max_dev_sequences", c.max_dev_sequences);
@@ -498,6 +500,7 @@ PretrainResult run_pretraining(const PretrainConfig& cfg) {
     return sum / static_cast<double>(n);
   };
   model->train();
+  model->set_gradient_checkpointing(cfg.gradient_checkpointing);
   TrainOptions to;
   to.lr = cfg.lr;
   to.weight_decay = cfg.weight_decay;

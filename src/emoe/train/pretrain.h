@@ -29,6 +29,8 @@ struct PretrainConfig {
   std::string device = "cpu", dtype = "float32";
   // fp32 | bf16-mixed: the matrix products in bfloat16 under autocast, weights and AdamW float32
   std::string precision = "fp32";
+  // activation checkpointing of every block (models/recompute.h), as train.gradient_checkpointing
+  bool gradient_checkpointing = false;
   int threads = 0;
   // Held-out text (one document per line): its loss is measured with the same objective every
   // dev_every steps (0: at the end only) and at the end, over the first max_dev_sequences
