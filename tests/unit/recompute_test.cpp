@@ -244,4 +244,27 @@ TEST(Recompute, OnlyTrainingForwardsCheckpoint) {
   EXPECT_EQ(emoe::checkpointed_block_runs() - runs, 3);
 }
 
+// A routed module holds its balance loss, which a checkpointed block hands out as an output of
+// its recomputation node: the node's forward closure must not keep the block alive, or a model
+// trained with balance losses would never be freed.
+TEST(Recompute, AModelTrainedWithBalanceLossesIsFreed) {
+  std::vector<std::weak_ptr<torch::nn::Module>> weak;  // the model and every module in it
+  {
+    Case c{"", bert_config(), emoe::Head::kSequenceClassification, {}};
+    torch::manual_seed(0);
+    auto model = emoe::create_model(emoe::JsonFields(c.config, "config.json"), c.head, 2);
+    auto cfg = emoe::load_run_config(
+        "", {"model=m", "task=sst2", "method=gmoe", "moe.experts=4", "moe.topk=2",
+             "moe.layers=[0,1,2]", "moe.balance_loss=switch", "moe.balance_weight=0.1"});
+    const auto in = inputs_for(c, 2, 8);
+    emoe::apply_method(*model, cfg, {in});
+    model->train();
+    const auto step = train_step(*model, c, in, true);
+    EXPECT_GT(step.aux, 0.0);
+    for (const auto& m : model->modules()) weak.push_back(m);
+  }
+  ASSERT_GT(weak.size(), 10u);
+  for (size_t i = 0; i < weak.size(); ++i) EXPECT_TRUE(weak[i].expired()) << "module " << i;
+}
+
 }  // namespace

@@ -10,6 +10,7 @@
 #include "emoe/models/dropout.h"
 #include "emoe/models/linear.h"
 #include "emoe/models/norms.h"
+#include "emoe/models/recompute.h"
 
 namespace emoe {
 
@@ -267,11 +268,11 @@ class BertModelImpl : public PretrainedModelImpl {
       torch::Tensor probs;
       // (probs: asked for only in a plain run, which calls the lambda at once)
       auto* want = in.output_attentions ? &probs : nullptr;
-      auto layer = layers_[i];
+      const std::weak_ptr<BertLayerImpl> layer = layers_[i];
       h = run_block(
-          i, *layer, {h},
+          i, *layers_[i], {h},
           [layer, block, token_mask, want](const std::vector<torch::Tensor>& x) {
-            return layer->forward(x[0], block, token_mask, want);
+            return lock_block(layer)->forward(x[0], block, token_mask, want);
           },
           want != nullptr);
       if (in.output_attentions) out.attentions.push_back(probs);

@@ -9,6 +9,7 @@
 #include "emoe/models/dropout.h"
 #include "emoe/models/linear.h"
 #include "emoe/models/norms.h"
+#include "emoe/models/recompute.h"
 
 namespace emoe {
 
@@ -214,11 +215,11 @@ class Gpt2ModelImpl : public PretrainedModelImpl {
       // (cache and probs: only in a plain run, which calls the lambda at once)
       auto* want = in.output_attentions ? &probs : nullptr;
       auto* kv = in.cache ? &in.cache->layers[i] : nullptr;
-      auto layer = blocks_[i];
+      const std::weak_ptr<Gpt2BlockImpl> layer = blocks_[i];
       h = run_block(
-          i, *layer, {h},
+          i, *blocks_[i], {h},
           [layer, block, token_mask, kv, want](const std::vector<torch::Tensor>& x) {
-            return layer->forward(x[0], block, token_mask, kv, want);
+            return lock_block(layer)->forward(x[0], block, token_mask, kv, want);
           },
           kv != nullptr || want != nullptr);
       if (in.output_attentions) out.attentions.push_back(probs);

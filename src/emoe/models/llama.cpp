@@ -9,6 +9,7 @@
 #include "emoe/core/error.h"
 #include "emoe/models/linear.h"
 #include "emoe/models/norms.h"
+#include "emoe/models/recompute.h"
 
 namespace emoe {
 
@@ -348,13 +349,13 @@ class LlamaModelImpl : public PretrainedModelImpl {
       // (cache and probs: only in a plain run, which calls the lambda at once)
       auto* want = in.output_attentions ? &probs : nullptr;
       auto* kv = in.cache ? &in.cache->layers[i] : nullptr;
-      auto layer = layers_[i];
+      const std::weak_ptr<LlamaLayerImpl> layer = layers_[i];
       const auto mask = windowed ? window_block : block;
       h = run_block(
-          i, *layer, {h},
+          i, *layers_[i], {h},
           [layer, cos = cos, sin = sin, mask, token_mask, kv,
            want](const std::vector<torch::Tensor>& x) {
-            return layer->forward(x[0], cos, sin, mask, token_mask, kv, want);
+            return lock_block(layer)->forward(x[0], cos, sin, mask, token_mask, kv, want);
           },
           kv != nullptr || want != nullptr);
       if (in.output_attentions) out.attentions.push_back(probs);

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <vector>
 
 namespace torch::nn {
@@ -35,6 +36,16 @@ using BlockForward = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 // block's parameters need a gradient; plainly otherwise.
 at::Tensor run_block(BlockHooks* hooks, size_t index, torch::nn::Module& block, bool checkpoint,
                      const std::vector<at::Tensor>& inputs, const BlockForward& forward);
+
+// The block a forward closure runs, which the closure holds weakly: the closure lives in the
+// backward graph, and a routed module inside the block holds that graph through its balance loss,
+// so a strong reference would keep the block, and its weights, alive for ever.
+template <class Block>
+std::shared_ptr<Block> lock_block(const std::weak_ptr<Block>& block) {
+  auto b = block.lock();
+  TORCH_CHECK(b, "activation checkpointing: the model was freed before its backward pass");
+  return b;
+}
 
 // True while the current thread recomputes a checkpointed block for its backward pass (what is
 // counted per forward, such as expert usage, is not counted again then).

@@ -353,13 +353,13 @@ class T5StackImpl : public torch::nn::Module {
       auto* cross_kv = cache ? &cache->cross[i] : nullptr;
       auto* self_p = want ? &self_probs : nullptr;
       auto* cross_p = want && decoder_ ? &cross_probs : nullptr;
-      auto block = blocks_[i];
-      h = run_block(rec.hooks, rec.first_block + i, *block,
+      const std::weak_ptr<T5BlockImpl> block = blocks_[i];
+      h = run_block(rec.hooks, rec.first_block + i, *blocks_[i],
                     rec.checkpoint && train && !cache && !want, {h, bias, encoder, cross_bias},
                     [block, token_mask, self_kv, cross_kv, self_p,
                      cross_p](const std::vector<torch::Tensor>& x) {
-                      return block->forward(x[0], x[1], x[2], x[3], token_mask, self_kv, cross_kv,
-                                            self_p, cross_p);
+                      return lock_block(block)->forward(x[0], x[1], x[2], x[3], token_mask, self_kv,
+                                                        cross_kv, self_p, cross_p);
                     });
       if (want) rec.attentions->push_back(self_probs);
       if (want && decoder_ && rec.cross) rec.cross->push_back(cross_probs);
