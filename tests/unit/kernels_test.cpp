@@ -277,8 +277,10 @@ TEST(ExpertKernels, Bfloat16ProductsMatchFloat64) {
     int64_t n, d;
     std::vector<int64_t> counts, widths;
   };
+  // (the third: a real batch's thousands of tokens, each expert's rows in random token order)
   const std::vector<Case> cases = {{23, 37, {13, 0, 3, 17, 8}, {5, 43, 50}},
-                                   {70, 130, {40, 0, 3, 66, 17}, {70}}};
+                                   {70, 130, {40, 0, 3, 66, 17}, {70}},
+                                   {2300, 24, {700, 0, 2300, 90}, {20}}};
   for (const auto& set : sets)
     for (const auto& cs : cases) {
       SCOPED_TRACE(std::string(set.name) + ", k " + std::to_string(cs.d));
@@ -330,6 +332,14 @@ TEST(ExpertKernels, Bfloat16ProductsMatchFloat64) {
                 0, tokens.narrow(0, off, counts[j]),
                 f64(h).narrow(0, off, counts[j]).mm(f64(w_ds).narrow(1, j * s, s).t()));
           EXPECT_LT(emoe::test::max_abs_diff(y, want_y), 1e-5 * want_y.abs().max().item<double>());
+          // each element sums its experts' terms in one order whatever the thread count
+          const int threads = at::get_num_threads();
+          at::set_num_threads(1);
+          auto y1 = y0.clone();
+          set.scatter(bits(h), tok, counts, s, bits(w), neuron_rows ? d : 1,
+                      neuron_rows ? 1 : e * s, d, y1.data_ptr<float>(), d);
+          at::set_num_threads(threads);
+          EXPECT_TRUE(torch::equal(y1, y));
         }
         // weight gradient: block j of w = Σ_r x[tokens[r]]ᵀ h[r], zero for the row-less expert
         std::vector<torch::Tensor> blocks;
