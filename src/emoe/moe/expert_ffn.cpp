@@ -31,6 +31,12 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// GELU (erf) on the row kernels where they apply (row_kernels.h: float32 and bfloat16, vectorised,
+// rounded once — what the dense FFN's activate() runs), else ATen's
+bool row_gelu(const at::Tensor& pre, Activation act) {
+  return act == Activation::kGeluErf && gelu_erf_applies(pre);
+}
+
 void activation_out(at::Tensor& out, const at::Tensor& pre, Activation act) {
   switch (act) {
     case Activation::kGeluErf:
@@ -67,6 +73,22 @@ void activation_backward_out(at::Tensor& out, const at::Tensor& grad, const at::
   }
 }
 
+// act(pre), a new tensor
+at::Tensor activation(const at::Tensor& pre, Activation act) {
+  if (row_gelu(pre, act)) return gelu_erf_forward(pre);
+  auto out = torch::empty_like(pre);
+  activation_out(out, pre, act);
+  return out;
+}
+
+// d act(pre) / d pre · grad, a new tensor
+at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& pre, Activation act) {
+  if (row_gelu(pre, act)) return gelu_erf_backward(pre, grad);
+  auto out = torch::empty_like(pre);
+  activation_backward_out(out, grad, pre, act);
+  return out;
+}
+
 // Gated experts with SiLU (SwiGLU: Llama, Qwen, Mistral) on the row kernels where they apply:
 // silu(pre) ⊙ up in one pass each way, in float32 rounded once (row_kernels.h).
 bool fused_silu_gate(const at::Tensor& pre, const at::Tensor& up, Activation act) {
@@ -76,8 +98,7 @@ bool fused_silu_gate(const at::Tensor& pre, const at::Tensor& up, Activation act
 // h = act(pre) (⊙ up): the experts' hidden rows before the routing weight.
 at::Tensor hidden_rows(const at::Tensor& pre, const at::Tensor& up, Activation act) {
   if (fused_silu_gate(pre, up, act)) return silu_mul_forward(pre, up);
-  auto h = torch::empty_like(pre);
-  activation_out(h, pre, act);
+  auto h = activation(pre, act);
   if (up.defined()) h.mul_(up);
   return h;
 }
@@ -431,10 +452,7 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
     if (fused_gate) {
       h = silu_mul_forward(pre, up);  // (a itself is not needed: the backward kernel takes pre)
     } else {
-      if (!a.defined()) {
-        a = torch::empty({rows, s}, o);
-        activation_out(a, pre, act);
-      }
+      if (!a.defined()) a = activation(pre, act);
       h = up.defined() ? a * up : a;
     }
     auto hw = weights.defined() ? h * weights.unsqueeze(1) : h;
@@ -481,8 +499,7 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
         g_up = gh * a;
         gh.mul_(up);  // now the gradient of act(pre)
       }
-      g_pre = torch::empty({rows, s}, o);
-      activation_backward_out(g_pre, gh, pre, act);
+      g_pre = activation_backward(gh, pre, act);
     }
     at::Tensor g_b_in;
     if (need_b_in) g_b_in = segment_row_sums(g_pre, counts).view({e * s});
