@@ -1,4 +1,5 @@
 // `emoe info MODEL_DIR`: architecture, sizes, parameter counts, FFN expert options, tokenizer.
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -70,13 +71,15 @@ void run_system(const InfoArgs& a) {
   // the training step's row-wise kernels (LM loss, SwiGLU, RMSNorm, attention's softmax, bias
   // gradients): the best vector set the CPU has, or ATen's ops
   const std::string rows = row_kernels_isa();
-  // bfloat16 products (matmul.h's Bf16Gemm): oneDNN's AVX-512 BF16 kernels, float32, or ATen's
+  // bfloat16 products (matmul.h's Bf16Gemm): oneDNN's (AMX or AVX-512 BF16), float32, or ATen's
   const std::string bf16_products =
       bf16_gemm() == Bf16Gemm::kFloat32
           ? "computed in float32 (operands widened, sums rounded once to bfloat16; the default "
             "without AVX-512, EMOE_BF16_GEMM pins it)"
       : bf16_products_on_gemm_out()
-          ? "oneDNN's AVX-512 BF16 kernels"
+          ? (std::find(cpu.isa.begin(), cpu.isa.end(), "amx_bf16") != cpu.isa.end()
+                 ? "oneDNN's bf16 kernels, on the AMX tiles here"
+                 : "oneDNN's AVX-512 BF16 kernels")
           : "ATen's (EMOE_BF16_GEMM=native, or AVX-512 without BF16: oneDNN inside ATen)";
   nlohmann::json j = {{"cpu", cpu.model},
                       {"logical_cores", cpu.cores},
