@@ -1382,3 +1382,63 @@ TEST(Matmul, Bfloat16ProductsComputedInFloat32AreTheRoundedFloat32Product) {
         << i;
   emoe::set_bf16_gemm(setting);
 }
+
+// GELU in the product's epilogue (inference under bf16 autocast): within one bfloat16 rounding of
+// GELU of the exact product of the rounded operands (erf and tanh forms), taken once per scope,
+// and Linear's forward_activated equal to activate(forward) wherever it is not taken (with
+// gradients: nothing fused, the gradients flow through the activation).
+TEST(LinearAutocast, GeluInTheProductsEpilogueForInference) {
+  torch::manual_seed(9);
+  emoe::LinearOptions o;
+  o.in = 768;
+  o.out = 96;
+  emoe::Linear l(o);
+  {
+    torch::NoGradGuard no_grad;
+    l->bias.normal_();
+  }
+  const auto x = torch::randn({4, 33, 768});
+  emoe::PrecisionScope bf16(emoe::Precision::kBf16Mixed, torch::kCPU);
+  auto exact = [&](bool tanh) {  // float64 GELU of the rounded operands' product
+    auto pre = torch::linear(x.to(torch::kBFloat16).to(torch::kDouble),
+                             l->weight.to(torch::kBFloat16).to(torch::kDouble),
+                             l->bias.to(torch::kBFloat16).to(torch::kDouble));
+    return torch::gelu(pre, tanh ? "tanh" : "none");
+  };
+  auto close = [](const torch::Tensor& got, const torch::Tensor& want) {
+    // one rounding to bfloat16 (2^-8 of the value) plus float32 sums over 768 terms
+    auto err = (got.to(torch::kDouble) - want).abs() - want.abs() * std::ldexp(1.0, -8) - 1e-3;
+    return err.max().item<double>() <= 0.0;
+  };
+  {
+    torch::NoGradGuard no_grad;
+    for (bool tanh : {false, true}) {
+      SCOPED_TRACE(tanh ? "tanh" : "erf");
+      const auto act = tanh ? emoe::Activation::kGeluTanh : emoe::Activation::kGeluErf;
+      auto y = l->forward_activated(x, act);
+      ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
+      EXPECT_TRUE(close(y, exact(tanh)));
+      if (emoe::bf16_products_on_gemm_out() &&
+          emoe::matmul_backend_name().find("bf16") != std::string::npos) {
+        emoe::InferenceGeluEpilogue epilogue(tanh);
+        const auto w = l->autocast_weight();
+        auto fused = emoe::autocast_inference_linear(x, w, l->bias);
+        EXPECT_TRUE(epilogue.applied());
+        EXPECT_TRUE(close(fused, exact(tanh)));
+        EXPECT_TRUE(torch::equal(fused, y));
+        // the request was for one product: the next one in the scope is the plain product
+        auto plain = emoe::autocast_inference_linear(x, w, l->bias);
+        EXPECT_TRUE(same_bf16_result(
+            plain, torch::linear(x.to(torch::kBFloat16), w, l->bias.to(torch::kBFloat16))));
+      }
+    }
+  }
+  // with gradients: activate(forward), and the input's gradient goes through the activation
+  auto xg = x.clone().requires_grad_(true);
+  auto y = l->forward_activated(xg, emoe::Activation::kGeluErf);
+  auto y_ref = emoe::activate(l->forward(xg), emoe::Activation::kGeluErf);
+  EXPECT_TRUE(torch::equal(y, y_ref));
+  auto g = torch::autograd::grad({y.to(torch::kFloat).sum()}, {xg})[0];
+  auto g_ref = torch::autograd::grad({y_ref.to(torch::kFloat).sum()}, {xg})[0];
+  EXPECT_TRUE(torch::allclose(g, g_ref));
+}

@@ -109,7 +109,7 @@ class BertLayerImpl : public torch::nn::Module, public FfnSlot {
   }
 
   torch::Tensor ffn_hidden(const torch::Tensor& x) override {
-    return activate(inter_dense_(x), act_);
+    return inter_dense_->forward_activated(x, act_);
   }
   std::pair<torch::Tensor, torch::Tensor> ffn_preactivation(const torch::Tensor& x) override {
     return {inter_dense_(x), torch::Tensor()};

@@ -103,7 +103,9 @@ class Gpt2BlockImpl : public torch::nn::Module, public FfnSlot {
     return r + emoe::dropout(f, c_.resid_pdrop, is_training());
   }
 
-  torch::Tensor ffn_hidden(const torch::Tensor& x) override { return activate(c_fc_(x), act_); }
+  torch::Tensor ffn_hidden(const torch::Tensor& x) override {
+    return c_fc_->forward_activated(x, act_);
+  }
   std::pair<torch::Tensor, torch::Tensor> ffn_preactivation(const torch::Tensor& x) override {
     return {c_fc_(x), torch::Tensor()};
   }

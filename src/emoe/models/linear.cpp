@@ -173,6 +173,18 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   return base_forward(x);
 }
 
+torch::Tensor LinearImpl::forward_activated(const torch::Tensor& x, Activation act) {
+  const bool gelu = act == Activation::kGeluErf || act == Activation::kGeluTanh;
+  const bool grad = torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
+                                                      (bias.defined() && bias.requires_grad()));
+  if (gelu && !adapter_ && !grad) {
+    InferenceGeluEpilogue epilogue(act == Activation::kGeluTanh);
+    auto y = base_forward(x);
+    return epilogue.applied() ? y : activate(y, act);
+  }
+  return activate(forward(x), act);
+}
+
 torch::Tensor LinearImpl::weight_out_in() const {
   return options_.transposed ? weight.t() : weight;
 }

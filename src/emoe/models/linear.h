@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "emoe/models/activation.h"
 #include "emoe/models/low_rank_linear.h"
 
 namespace emoe {
@@ -42,6 +43,10 @@ class LinearImpl : public torch::nn::Module {
  public:
   explicit LinearImpl(const LinearOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
+  // act(forward(x)); for GELU in inference under CPU bf16 autocast (nothing needs a gradient, no
+  // adapter) with the activation computed in the product's epilogue (matmul.h's
+  // InferenceGeluEpilogue), one pass over the output fewer
+  torch::Tensor forward_activated(const torch::Tensor& x, Activation act);
   // x W^T + b, ignoring any adapter.
   torch::Tensor base_forward(const torch::Tensor& x);
   // The weight as [out, in] (a view for Conv1D storage; gradients flow through it).

@@ -25,6 +25,15 @@ namespace emoe {
 
 namespace {
 
+// What a oneDNN product applies to its float32 sums before they are rounded and written: nothing,
+// or GELU (InferenceGeluEpilogue)
+enum class Epilogue { kNone, kGeluErf, kGeluTanh };
+
+// InferenceGeluEpilogue's request for this thread's next autocast_inference_linear, and whether
+// that product applied it
+thread_local Epilogue requested_epilogue = Epilogue::kNone;
+thread_local bool epilogue_applied = false;
+
 std::atomic<int64_t> onednn_products{0};
 std::atomic<int64_t> onednn_packed_products{0};  // (of which b was packed first: PackB)
 std::atomic<int> pack_b_setting{-1};             // PackB, or -1: from EMOE_PACK_B on first use
@@ -257,7 +266,7 @@ std::string layout_code(const at::Tensor& t) {
 
 // The class of a product for the implementation choice (see above).
 std::string impl_class(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-                       const at::Tensor& bias, bool accumulate) {
+                       const at::Tensor& bias, bool accumulate, Epilogue epilogue) {
   std::string key = c10::toString(a.scalar_type());
   key += "->";
   key += c10::toString(out.scalar_type());
@@ -269,6 +278,8 @@ std::string impl_class(const at::Tensor& out, const at::Tensor& a, const at::Ten
   key += " " + layout_code(a) + layout_code(b) + layout_code(out);
   if (bias.defined()) key += " +bias";
   if (accumulate) key += " +=";
+  if (epilogue == Epilogue::kGeluErf) key += " +gelu";
+  if (epilogue == Epilogue::kGeluTanh) key += " +gelu_tanh";
   return key;
 }
 
@@ -284,7 +295,7 @@ double product_macs(const at::Tensor& a, const at::Tensor& b) {
 Product choose_implementation(dnnl::matmul::primitive_desc pd, const MakeDesc& make_desc,
                               const dnnl::primitive_attr& attr, const at::Tensor& out,
                               const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
-                              bool accumulate) {
+                              bool accumulate, Epilogue epilogue) {
   const auto packing = pack_b();
   auto plain = [](const dnnl::matmul::primitive_desc& d) {
     Product p;
@@ -297,7 +308,7 @@ Product choose_implementation(dnnl::matmul::primitive_desc pd, const MakeDesc& m
   }
   if (float32_gemm() != Float32Gemm::kMeasured || product_macs(a, b) < kMeasureMacs)
     return plain(pd);
-  const std::string cls = impl_class(out, a, b, bias, accumulate);
+  const std::string cls = impl_class(out, a, b, bias, accumulate, epilogue);
   auto& c = impl_choices();
   std::string chosen;
   {
@@ -395,7 +406,8 @@ Product choose_implementation(dnnl::matmul::primitive_desc pd, const MakeDesc& m
 // to call (an expert's rows) share one primitive with the sizes given at execution time —
 // creating a primitive per shape costs ~0.4 ms, more than such a product itself.
 bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-                   const at::Tensor& bias, bool accumulate, bool shapes_vary) {
+                   const at::Tensor& bias, bool accumulate, bool shapes_vary,
+                   Epilogue epilogue = Epilogue::kNone) {
   const bool runtime = shapes_vary && runtime_shapes_ok(out, a, b);
   std::string key;
   key.reserve(160);
@@ -415,6 +427,7 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
   }
   key += bias.defined() ? 'b' : '-';
   key += accumulate ? 'a' : '-';
+  key += epilogue == Epilogue::kGeluErf ? 'g' : epilogue == Epilogue::kGeluTanh ? 't' : '-';
   key += float32_gemm() == Float32Gemm::kMeasured ? 'm' : 'd';  // (choose_implementation)
   key += static_cast<char>('0' + static_cast<int>(pack_b()));
   auto& cache = primitive_cache();
@@ -435,9 +448,14 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
   if (!prim) {
     try {
       dnnl::primitive_attr attr;
-      if (accumulate) {
+      if (accumulate || epilogue != Epilogue::kNone) {
         dnnl::post_ops ops;
-        ops.append_sum(1.0f);
+        if (accumulate) ops.append_sum(1.0f);
+        if (epilogue != Epilogue::kNone)
+          ops.append_eltwise(1.0f,
+                             epilogue == Epilogue::kGeluErf ? dnnl::algorithm::eltwise_gelu_erf
+                                                            : dnnl::algorithm::eltwise_gelu_tanh,
+                             0.0f, 0.0f);
         attr.set_post_ops(ops);
       }
       auto md = runtime ? runtime_matrix_desc : matrix_desc;
@@ -451,7 +469,7 @@ bool onednn_matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
       if (runtime)
         prim.prim = dnnl::matmul(pd);
       else
-        prim = choose_implementation(pd, make_desc, attr, out, a, b, bias, accumulate);
+        prim = choose_implementation(pd, make_desc, attr, out, a, b, bias, accumulate, epilogue);
     } catch (const dnnl::error&) {
       prim = Product();  // remembered as "no kernel" (an empty primitive)
     }
@@ -1060,6 +1078,24 @@ namespace {
 
 // x W^T + b on gemm_out for a bfloat16 weight [out, in], x and the bias rounded to bfloat16 (no
 // autograd; the callers check the shapes)
+#ifdef EMOE_HAVE_ONEDNN
+// The same with an epilogue, straight on oneDNN (undefined where oneDNN has no kernel for it: the
+// caller then computes the plain product and the activation apart)
+at::Tensor bf16_linear_epilogue(const at::Tensor& x, const at::Tensor& weight,
+                                const at::Tensor& bias, Epilogue epilogue) {
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  const auto x2 = x.reshape({-1, in}).to(at::kBFloat16);
+  const auto wt = weight.t();
+  if (!plain_matrices(x2) || !plain_matrices(wt)) return at::Tensor();
+  auto y = at::empty({x2.size(0), out_features}, x2.options());
+  const auto b = bias.defined() ? bias.to(at::kBFloat16).contiguous() : at::Tensor();
+  if (!onednn_matmul(y, x2, wt, b, false, false, epilogue)) return at::Tensor();
+  auto shape = x.sizes().vec();
+  shape.back() = out_features;
+  return y.view(shape);
+}
+#endif
+
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   const int64_t in = weight.size(1), out_features = weight.size(0);
   const auto x2 = x.reshape({-1, in}).to(at::kBFloat16);
@@ -1089,6 +1125,15 @@ at::Tensor autocast_inference_linear(const at::Tensor& x, const at::Tensor& weig
     return at::Tensor();
   RECORD_FUNCTION("emoe::autocast_inference_linear", std::vector<c10::IValue>());
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+  if (requested_epilogue != Epilogue::kNone) {
+    const auto epilogue = requested_epilogue;
+    requested_epilogue = Epilogue::kNone;  // (the request is for one product)
+    auto y = bf16_linear_epilogue(x, weight, bias, epilogue);
+    if (y.defined()) {
+      epilogue_applied = true;
+      return y;
+    }
+  }
   return bf16_linear(x, weight, bias);
 #else
   (void)x, (void)weight, (void)bias;
@@ -1136,6 +1181,20 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
     return MatmulFn::apply(a, b);
   if (!onednn_matmul_enabled(a) || !all_float_cpu({&b}) || !shapes_ok) return torch::matmul(a, b);
   return MatmulFn::apply(a, b);
+}
+
+InferenceGeluEpilogue::InferenceGeluEpilogue(bool tanh) {
+  requested_epilogue = tanh ? Epilogue::kGeluTanh : Epilogue::kGeluErf;
+  epilogue_applied = false;
+}
+
+InferenceGeluEpilogue::~InferenceGeluEpilogue() {
+  requested_epilogue = Epilogue::kNone;
+  epilogue_applied = false;
+}
+
+bool InferenceGeluEpilogue::applied() const {
+  return epilogue_applied;
 }
 
 }  // namespace emoe

@@ -127,6 +127,19 @@ bool autocast_linear_applies(const at::Tensor& x, const at::Tensor& weight, cons
 // every row of the output, then multiplies). Undefined where it does not apply.
 at::Tensor autocast_inference_linear(const at::Tensor& x, const at::Tensor& weight,
                                      const at::Tensor& bias);
+// While alive, the next autocast_inference_linear on this thread computes GELU (erf, or tanh) of
+// its product in the product's epilogue — oneDNN's post-op, on the float32 sums before they are
+// rounded to bfloat16, so one pass over the output fewer — where oneDNN runs it; applied() says
+// whether it did (if not, the caller applies the activation itself). Inference only: the
+// activated output carries no autograd history of the activation.
+class InferenceGeluEpilogue {
+ public:
+  explicit InferenceGeluEpilogue(bool tanh);
+  ~InferenceGeluEpilogue();
+  InferenceGeluEpilogue(const InferenceGeluEpilogue&) = delete;
+  InferenceGeluEpilogue& operator=(const InferenceGeluEpilogue&) = delete;
+  bool applied() const;
+};
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 // a @ b with autograd for a [..., M, K], b [..., K, N] with equal leading dims; falls back to
