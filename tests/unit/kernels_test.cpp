@@ -1397,6 +1397,7 @@ TEST(LinearAutocast, GeluInTheProductsEpilogueForInference) {
     torch::NoGradGuard no_grad;
     l->bias.normal_();
   }
+  l->eval();
   const auto x = torch::randn({4, 33, 768});
   emoe::PrecisionScope bf16(emoe::Precision::kBf16Mixed, torch::kCPU);
   auto exact = [&](bool tanh) {  // float64 GELU of the rounded operands' product
@@ -1432,6 +1433,14 @@ TEST(LinearAutocast, GeluInTheProductsEpilogueForInference) {
             plain, torch::linear(x.to(torch::kBFloat16), w, l->bias.to(torch::kBFloat16))));
       }
     }
+  }
+  // in training mode without gradients (a checkpointed block's first forward): nothing fused,
+  // the same bits as the recomputation with gradients will give
+  l->train();
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(torch::equal(l->forward_activated(x, emoe::Activation::kGeluErf),
+                             emoe::activate(l->forward(x), emoe::Activation::kGeluErf)));
   }
   // with gradients: activate(forward), and the input's gradient goes through the activation
   auto xg = x.clone().requires_grad_(true);

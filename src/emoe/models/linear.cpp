@@ -177,7 +177,9 @@ torch::Tensor LinearImpl::forward_activated(const torch::Tensor& x, Activation a
   const bool gelu = act == Activation::kGeluErf || act == Activation::kGeluTanh;
   const bool grad = torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
                                                       (bias.defined() && bias.requires_grad()));
-  if (gelu && !adapter_ && !grad) {
+  // (in eval mode only: a checkpointed block's first, gradient-free training forward must give
+  // the bits its recomputation with gradients gives)
+  if (gelu && !adapter_ && !grad && !is_training()) {
     InferenceGeluEpilogue epilogue(act == Activation::kGeluTanh);
     auto y = base_forward(x);
     return epilogue.applied() ? y : activate(y, act);

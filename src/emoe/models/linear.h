@@ -43,8 +43,8 @@ class LinearImpl : public torch::nn::Module {
  public:
   explicit LinearImpl(const LinearOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
-  // act(forward(x)); for GELU in inference under CPU bf16 autocast (nothing needs a gradient, no
-  // adapter) with the activation computed in the product's epilogue (matmul.h's
+  // act(forward(x)); for GELU in inference under CPU bf16 autocast (eval mode, nothing needs a
+  // gradient, no adapter) with the activation computed in the product's epilogue (matmul.h's
   // InferenceGeluEpilogue), one pass over the output fewer
   torch::Tensor forward_activated(const torch::Tensor& x, Activation act);
   // x W^T + b, ignoring any adapter.
