@@ -1076,31 +1076,28 @@ bool autocast_linear_applies(const at::Tensor& x, const at::Tensor& weight,
 
 namespace {
 
-// x W^T + b on gemm_out for a bfloat16 weight [out, in], x and the bias rounded to bfloat16 (no
-// autograd; the callers check the shapes)
-#ifdef EMOE_HAVE_ONEDNN
-// The same with an epilogue, straight on oneDNN (undefined where oneDNN has no kernel for it: the
-// caller then computes the plain product and the activation apart)
-at::Tensor bf16_linear_epilogue(const at::Tensor& x, const at::Tensor& weight,
-                                const at::Tensor& bias, Epilogue epilogue) {
+// x W^T + b for a bfloat16 weight [out, in], x and the bias rounded to bfloat16 (no autograd; the
+// callers check the shapes): on gemm_out, or with an epilogue straight on oneDNN — undefined
+// where oneDNN has no kernel for it (the caller then computes the plain product and the
+// activation apart)
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                       Epilogue epilogue = Epilogue::kNone) {
   const int64_t in = weight.size(1), out_features = weight.size(0);
   const auto x2 = x.reshape({-1, in}).to(at::kBFloat16);
   const auto wt = weight.t();
-  if (!plain_matrices(x2) || !plain_matrices(wt)) return at::Tensor();
+  const auto b = bias.defined() ? bias.to(at::kBFloat16) : at::Tensor();
   auto y = at::empty({x2.size(0), out_features}, x2.options());
-  const auto b = bias.defined() ? bias.to(at::kBFloat16).contiguous() : at::Tensor();
-  if (!onednn_matmul(y, x2, wt, b, false, false, epilogue)) return at::Tensor();
-  auto shape = x.sizes().vec();
-  shape.back() = out_features;
-  return y.view(shape);
-}
+  if (epilogue == Epilogue::kNone) {
+    gemm_out(y, x2, wt, b);
+  } else {
+#ifdef EMOE_HAVE_ONEDNN
+    if (!plain_matrices(x2) || !plain_matrices(wt) ||
+        !onednn_matmul(y, x2, wt, b.defined() ? b.contiguous() : b, false, false, epilogue))
+      return at::Tensor();
+#else
+    return at::Tensor();
 #endif
-
-at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  const int64_t in = weight.size(1), out_features = weight.size(0);
-  const auto x2 = x.reshape({-1, in}).to(at::kBFloat16);
-  auto y = at::empty({x2.size(0), out_features}, x2.options());
-  gemm_out(y, x2, weight.t(), bias.defined() ? bias.to(at::kBFloat16) : at::Tensor());
+  }
   auto shape = x.sizes().vec();
   shape.back() = out_features;
   return y.view(shape);
@@ -1128,7 +1125,7 @@ at::Tensor autocast_inference_linear(const at::Tensor& x, const at::Tensor& weig
   if (requested_epilogue != Epilogue::kNone) {
     const auto epilogue = requested_epilogue;
     requested_epilogue = Epilogue::kNone;  // (the request is for one product)
-    auto y = bf16_linear_epilogue(x, weight, bias, epilogue);
+    auto y = bf16_linear(x, weight, bias, epilogue);
     if (y.defined()) {
       epilogue_applied = true;
       return y;
