@@ -276,14 +276,19 @@ TEST(ExpertKernels, Bfloat16ProductsMatchFloat64) {
   struct Case {
     int64_t n, d;
     std::vector<int64_t> counts, widths;
+    bool ascending = false;  // each expert's tokens ascending, as routing gives them
   };
-  // (the third: a real batch's thousands of tokens, each expert's rows in random token order)
+  // (the third: a real batch's thousands of tokens, each expert's rows in random token order;
+  // the fourth: the same ascending, which the AMX scatter runs in chunks of tokens, over four
+  // 64-column slabs, the last one partial)
   const std::vector<Case> cases = {{23, 37, {13, 0, 3, 17, 8}, {5, 43, 50}},
                                    {70, 130, {40, 0, 3, 66, 17}, {70}},
-                                   {2300, 24, {700, 0, 2300, 90}, {20}}};
+                                   {2300, 24, {700, 0, 2300, 90}, {20}},
+                                   {2300, 200, {700, 0, 2300, 90, 1200}, {48}, true}};
   for (const auto& set : sets)
     for (const auto& cs : cases) {
-      SCOPED_TRACE(std::string(set.name) + ", k " + std::to_string(cs.d));
+      SCOPED_TRACE(std::string(set.name) + ", k " + std::to_string(cs.d) +
+                   (cs.ascending ? ", ascending tokens" : ""));
       torch::manual_seed(12);
       const int64_t n = cs.n, d = cs.d;
       const auto& counts = cs.counts;
@@ -291,6 +296,11 @@ TEST(ExpertKernels, Bfloat16ProductsMatchFloat64) {
       int64_t rows = 0;
       for (auto c : counts) rows += c;
       auto tokens = kernels_routed_tokens(n, counts);
+      if (cs.ascending)
+        for (int64_t j = 0, off = 0; j < e; off += counts[j], ++j) {
+          auto seg = tokens.narrow(0, off, counts[j]);
+          seg.copy_(std::get<0>(seg.sort()));
+        }
       const int64_t* tok = tokens.data_ptr<int64_t>();
       for (int64_t s : cs.widths) {
         SCOPED_TRACE("s " + std::to_string(s));
