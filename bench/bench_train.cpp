@@ -12,6 +12,7 @@
 #include "bench_common.h"
 #include "bench_models.h"
 #include "emoe/analysis/flops.h"
+#include "emoe/core/bf16_shadow.h"
 #include "emoe/core/cpu_info.h"
 #include "emoe/core/error.h"
 #include "emoe/core/logging.h"
@@ -36,6 +37,7 @@ constexpr const char* kUsage =
     "            [--device cpu|cuda] [--json FILE] [--markdown FILE] [--peak-seconds S]\n"
     "bench_train --single MODEL METHOD PRECISION [--profile trace.json]\n"
     "            [--profile-inference trace.json] [--gemm-ab] [--pack-ab] [--checkpoint-ab]\n"
+    "            [--shadow-ab]\n"
     "            (and the flags above)\n"
     "  --peak-seconds S: per shape and path of the measured GEMM peak (default 0.4; below 0.1\n"
     "    only a 512-cube, for the quick check).\n"
@@ -46,6 +48,10 @@ constexpr const char* kUsage =
     "    forward's. --gemm-ab (with --single): alternates training steps with oneDNN's\n"
     "    implementation of each product chosen by measurement (the default) and oneDNN's own\n"
     "    first choice everywhere (EMOE_GEMM=onednn), and reports the ratio measured/default.\n"
+    "    --shadow-ab (with --single): alternates bf16 training steps with the optimiser's\n"
+    "    bfloat16 copies of the weights (the default) and without (every forward rounds the\n"
+    "    float32 weights afresh; EMOE_BF16_SHADOW=off), each timed step after an untimed one of\n"
+    "    its setting; reports the ratio with/without.\n"
     "    --pack-ab (with --single): alternates training steps, and inference forwards, with\n"
     "    second operands packed where measured faster (the default) and never packed\n"
     "    (EMOE_PACK_B=never: the same implementations on them as they are); reports both\n"
@@ -68,6 +74,7 @@ struct Args {
       profile_inference;
   bool gemm_ab = false;
   bool pack_ab = false;
+  bool shadow_ab = false;
   bool checkpoint_ab = false;
   int64_t steps = 3, warmup = 3, batch = 0, seq = 0, layers = 0;
   double peak_seconds = 0.4;  // per shape and path of the measured peak (< 0.1: one small cube)
@@ -290,6 +297,23 @@ void measure_one(const Args& a) {
     pack_train_ratio = alternate(use_packing, train_step);
     emoe::set_pack_b(pack_before);
   }
+  // --shadow-ab: steps with the optimiser's bfloat16 copies of the weights (core/bf16_shadow.h)
+  // and without; each timed step follows an untimed one of its setting, so that the copies it
+  // reads were written by the step before it
+  double shadow_ratio = 0;
+  if (a.shadow_ab) {
+    double t_on = 0, t_off = 0;
+    for (int64_t i = 0; i < a.steps; ++i)
+      for (bool on : {false, true}) {
+        emoe::set_bf16_shadows_enabled(on);
+        train_step();
+        auto t0 = std::chrono::steady_clock::now();
+        train_step();
+        (on ? t_on : t_off) += seconds_since(t0);
+      }
+    emoe::set_bf16_shadows_enabled(true);
+    shadow_ratio = t_on / t_off;
+  }
   // --checkpoint-ab: steps with every block checkpointed (train.gradient_checkpointing),
   // alternated with plain ones; the time ratio and each way's peak tensor memory
   double ckpt_ratio = 0, ckpt_peak = 0, plain_peak = 0;
@@ -355,6 +379,7 @@ void measure_one(const Args& a) {
                       {"loss", loss_value},
                       {"onednn_implementations", emoe::onednn_implementation_choices()}};
   if (a.gemm_ab) j["gemm_measured_step_over_default_step"] = gemm_measured_over_default;
+  if (a.shadow_ab) j["bf16_copies_step_over_fresh_casts_step"] = shadow_ratio;
   if (a.checkpoint_ab) {
     j["checkpointed_step_over_plain_step"] = ckpt_ratio;
     j["checkpointed_peak_tensor_mib"] = ckpt_peak;
@@ -560,6 +585,8 @@ int main(int argc, char** argv) {
           a.profile_inference = value();
         } else if (k == "--gemm-ab") {
           a.gemm_ab = true;
+        } else if (k == "--shadow-ab") {
+          a.shadow_ab = true;
         } else if (k == "--pack-ab") {
           a.pack_ab = true;
         } else if (k == "--checkpoint-ab") {

@@ -6,6 +6,7 @@
 
 #include <utility>
 
+#include "emoe/core/bf16_shadow.h"
 #include "emoe/core/error.h"
 #include "emoe/dist/communicator.h"
 
@@ -99,6 +100,7 @@ void ParameterShards::gather(size_t block, bool keep) {
       const auto& p = members[j].param;
       if (!has_storage(p)) allocate_storage(p);
       flat_data(p).copy_(buf.narrow(0, offset, p.numel()));
+      drop_bf16_shadows({p});  // (written without moving p's version: no copy may outlive it)
       offset += p.numel();
     }
   }

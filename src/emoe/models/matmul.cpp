@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "emoe/core/autocast_compat.h"
+#include "emoe/core/bf16_shadow.h"
 #include "emoe/core/error.h"
 #include "emoe/models/row_kernels.h"
 
@@ -665,7 +666,8 @@ class AutocastLinearFn : public torch::autograd::Function<AutocastLinearFn> {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
     const int64_t in = weight.size(1), out_features = weight.size(0);
     const auto x2 = x.reshape({-1, in}).to(at::kBFloat16);
-    const auto wb = weight.to(at::kBFloat16);  // strides kept: a transposed view stays one
+    // strides kept: a transposed view stays one; the optimiser's copy where it is current
+    const auto wb = bf16_cast(weight);
     const at::Tensor bias =
         bias_or_empty.numel() > 0 ? bias_or_empty.to(at::kBFloat16) : at::Tensor();
     auto y = at::empty({x2.size(0), out_features}, x2.options());

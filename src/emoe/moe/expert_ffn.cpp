@@ -19,6 +19,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "emoe/core/bf16_shadow.h"
 #include "emoe/core/error.h"
 #include "emoe/models/matmul.h"
 #include "emoe/models/row_kernels.h"
@@ -311,7 +312,11 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
                             int64_t acc_code, int64_t compute_code) {
     RECORD_FUNCTION("emoe::dispatched_experts", std::vector<c10::IValue>());
     const auto compute = static_cast<c10::ScalarType>(compute_code);
-    auto cast = [&](const at::Tensor& t) { return t.scalar_type() != compute ? t.to(compute) : t; };
+    auto cast = [&](const at::Tensor& t) {
+      if (!t.defined() || t.scalar_type() == compute) return t;
+      // the weights: the optimiser's bfloat16 copies where current (bf16_shadow.h)
+      return compute == at::kBFloat16 && t.dim() == 2 ? bf16_cast(t) : t.to(compute);
+    };
     ctx->saved_data["dtypes"] =
         std::vector<int64_t>{static_cast<int64_t>(x_arg.scalar_type()),
                              static_cast<int64_t>(w_in_arg.scalar_type()),

@@ -7,10 +7,12 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <type_traits>
 
+#include "emoe/core/bf16_shadow.h"
 #include "emoe/core/error.h"
 
 namespace emoe {
@@ -77,6 +79,10 @@ Optimizer::Optimizer(PretrainedModelImpl& model, const TrainOptions& o) {
   adamw_ = std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(o.lr));
 }
 
+Optimizer::~Optimizer() {
+  if (adamw_) drop_bf16_shadows(parameters());
+}
+
 void Optimizer::set_lr_factor(double factor) {
   auto& pg = adamw_->param_groups();
   for (size_t i = 0; i < pg.size(); ++i)
@@ -89,11 +95,19 @@ double Optimizer::current_lr() const {
 
 namespace {
 
+// x rounded to bfloat16 as ATen's vectorised conversion rounds it: to nearest even, NaN 0xFFFF
+uint16_t round_bf16(float x) {
+  if (std::isnan(x)) return 0xFFFF;
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return static_cast<uint16_t>((u + ((u >> 16) & 1u) + 0x7FFFu) >> 16);
+}
+
 // AdamW over elements [begin, end) of p, its gradient g and the moments m, v, one element at a
-// time (the tails, and CPUs without AVX2).
-void adamw_scalar(float* p, const float* g, float* m, float* v, int64_t begin, int64_t end,
-                  float decay_factor, float beta1, float beta2, float sqrt_bc2, float eps,
-                  float step_size) {
+// time (the tails, and CPUs without AVX2); pb (may be null): p's new values rounded to bfloat16.
+void adamw_scalar(float* p, const float* g, float* m, float* v, uint16_t* pb, int64_t begin,
+                  int64_t end, float decay_factor, float beta1, float beta2, float sqrt_bc2,
+                  float eps, float step_size) {
   const float one_minus_b1 = 1.0f - beta1, one_minus_b2 = 1.0f - beta2;
   for (int64_t i = begin; i < end; ++i) {
     const float gi = g[i];
@@ -103,6 +117,7 @@ void adamw_scalar(float* p, const float* g, float* m, float* v, int64_t begin, i
     v[i] = vi;
     const float denom = std::sqrt(vi) / sqrt_bc2 + eps;
     p[i] = p[i] * decay_factor - step_size * (mi / denom);
+    if (pb) pb[i] = round_bf16(p[i]);
   }
 }
 
@@ -111,57 +126,84 @@ void adamw_scalar(float* p, const float* g, float* m, float* v, int64_t begin, i
 // not depend on which one runs. Written out because GCC does not vectorise the scalar loop: its
 // std::sqrt may set errno (a per-function no-math-errno did not change that), and the loop ran
 // one float at a time, ~5x slower than memory allows (250 ms of a BERT-base step).
-#define EMOE_ADAMW_VECTOR_BODY(VEC, W, LOAD, STORE, SET1, ADD, SUB, MUL, DIV, SQRT) \
-  const VEC b1 = SET1(beta1), b2 = SET1(beta2), omb1 = SET1(1.0f - beta1),          \
-            omb2 = SET1(1.0f - beta2), sbc2 = SET1(sqrt_bc2), ep = SET1(eps),       \
-            decay = SET1(decay_factor), step = SET1(step_size);                     \
-  int64_t i = begin;                                                                \
-  for (; i + (W) <= end; i += (W)) {                                                \
-    const VEC gi = LOAD(g + i);                                                     \
-    const VEC mi = ADD(MUL(LOAD(m + i), b1), MUL(gi, omb1));                        \
-    const VEC vi = ADD(MUL(LOAD(v + i), b2), MUL(MUL(gi, gi), omb2));               \
-    STORE(m + i, mi);                                                               \
-    STORE(v + i, vi);                                                               \
-    const VEC denom = ADD(DIV(SQRT(vi), sbc2), ep);                                 \
-    STORE(p + i, SUB(MUL(LOAD(p + i), decay), MUL(step, DIV(mi, denom))));          \
-  }                                                                                 \
-  adamw_scalar(p, g, m, v, i, end, decay_factor, beta1, beta2, sqrt_bc2, eps, step_size);
+#define EMOE_ADAMW_VECTOR_BODY(VEC, W, LOAD, STORE, SET1, ADD, SUB, MUL, DIV, SQRT, BF16) \
+  const VEC b1 = SET1(beta1), b2 = SET1(beta2), omb1 = SET1(1.0f - beta1),                \
+            omb2 = SET1(1.0f - beta2), sbc2 = SET1(sqrt_bc2), ep = SET1(eps),             \
+            decay = SET1(decay_factor), step = SET1(step_size);                           \
+  int64_t i = begin;                                                                      \
+  for (; i + (W) <= end; i += (W)) {                                                      \
+    const VEC gi = LOAD(g + i);                                                           \
+    const VEC mi = ADD(MUL(LOAD(m + i), b1), MUL(gi, omb1));                              \
+    const VEC vi = ADD(MUL(LOAD(v + i), b2), MUL(MUL(gi, gi), omb2));                     \
+    STORE(m + i, mi);                                                                     \
+    STORE(v + i, vi);                                                                     \
+    const VEC denom = ADD(DIV(SQRT(vi), sbc2), ep);                                       \
+    const VEC pn = SUB(MUL(LOAD(p + i), decay), MUL(step, DIV(mi, denom)));               \
+    STORE(p + i, pn);                                                                     \
+    if (pb) BF16(pn, pb + i);                                                             \
+  }                                                                                       \
+  adamw_scalar(p, g, m, v, pb, i, end, decay_factor, beta1, beta2, sqrt_bc2, eps, step_size);
+
+// 16 (8) floats rounded to bfloat16 as round_bf16 rounds them, stored at out
+__attribute__((target("avx512f"))) inline void store_bf16_avx512(__m512 x, uint16_t* out) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r =
+      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), _mm512_set1_epi32(0xFFFF), r);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(r));
+}
+
+__attribute__((target("avx2"))) inline void store_bf16_avx2(__m256 x, uint16_t* out) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r =
+      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  r = _mm256_blendv_epi8(_mm256_set1_epi32(0xFFFF), r,
+                         _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_ORD_Q)));
+  // (packus works within 128-bit lanes: the two lanes' halves brought together after)
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+}
 
 __attribute__((target("avx512f"))) void adamw_avx512(float* p, const float* g, float* m, float* v,
-                                                     int64_t begin, int64_t end, float decay_factor,
-                                                     float beta1, float beta2, float sqrt_bc2,
-                                                     float eps, float step_size) {
+                                                     uint16_t* pb, int64_t begin, int64_t end,
+                                                     float decay_factor, float beta1, float beta2,
+                                                     float sqrt_bc2, float eps, float step_size) {
   EMOE_ADAMW_VECTOR_BODY(__m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps,
-                         _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_sqrt_ps)
+                         _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_sqrt_ps,
+                         store_bf16_avx512)
 }
 
 __attribute__((target("avx2"))) void adamw_avx2(float* p, const float* g, float* m, float* v,
-                                                int64_t begin, int64_t end, float decay_factor,
-                                                float beta1, float beta2, float sqrt_bc2, float eps,
-                                                float step_size) {
+                                                uint16_t* pb, int64_t begin, int64_t end,
+                                                float decay_factor, float beta1, float beta2,
+                                                float sqrt_bc2, float eps, float step_size) {
   EMOE_ADAMW_VECTOR_BODY(__m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps,
-                         _mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps, _mm256_div_ps, _mm256_sqrt_ps)
+                         _mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps, _mm256_div_ps, _mm256_sqrt_ps,
+                         store_bf16_avx2)
 }
 #undef EMOE_ADAMW_VECTOR_BODY
 
-void adamw_span(float* p, const float* g, float* m, float* v, int64_t begin, int64_t end,
-                float decay_factor, float beta1, float beta2, float sqrt_bc2, float eps,
-                float step_size) {
+void adamw_span(float* p, const float* g, float* m, float* v, uint16_t* pb, int64_t begin,
+                int64_t end, float decay_factor, float beta1, float beta2, float sqrt_bc2,
+                float eps, float step_size) {
   static const int isa =
       __builtin_cpu_supports("avx512f") ? 2 : (__builtin_cpu_supports("avx2") ? 1 : 0);
   if (isa == 2)
-    adamw_avx512(p, g, m, v, begin, end, decay_factor, beta1, beta2, sqrt_bc2, eps, step_size);
+    adamw_avx512(p, g, m, v, pb, begin, end, decay_factor, beta1, beta2, sqrt_bc2, eps, step_size);
   else if (isa == 1)
-    adamw_avx2(p, g, m, v, begin, end, decay_factor, beta1, beta2, sqrt_bc2, eps, step_size);
+    adamw_avx2(p, g, m, v, pb, begin, end, decay_factor, beta1, beta2, sqrt_bc2, eps, step_size);
   else
-    adamw_scalar(p, g, m, v, begin, end, decay_factor, beta1, beta2, sqrt_bc2, eps, step_size);
+    adamw_scalar(p, g, m, v, pb, begin, end, decay_factor, beta1, beta2, sqrt_bc2, eps, step_size);
 }
 
-// One pass of AdamW over n contiguous floats, over the intra-op threads.
-void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float decay_factor,
-                  float beta1, float beta2, float sqrt_bc2, float eps, float step_size) {
+// One pass of AdamW over n contiguous floats, over the intra-op threads (pb: see adamw_scalar).
+void adamw_kernel(float* p, const float* g, float* m, float* v, uint16_t* pb, int64_t n,
+                  float decay_factor, float beta1, float beta2, float sqrt_bc2, float eps,
+                  float step_size) {
   at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
-    adamw_span(p, g, m, v, begin, end, decay_factor, beta1, beta2, sqrt_bc2, eps, step_size);
+    adamw_span(p, g, m, v, pb, begin, end, decay_factor, beta1, beta2, sqrt_bc2, eps, step_size);
   });
 }
 
@@ -216,11 +258,13 @@ void Optimizer::step() {
                          p.is_contiguous() && grad.is_contiguous() && m.is_contiguous() &&
                          v.is_contiguous();
       if (fused) {
+        // and p's bfloat16 copy where a forward under autocast asked for one (bf16_shadow.h)
         adamw_kernel(p.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(),
-                     v.data_ptr<float>(), p.numel(), static_cast<float>(decay_factor),
-                     static_cast<float>(beta1), static_cast<float>(beta2),
-                     static_cast<float>(std::sqrt(bc2)), static_cast<float>(o.eps()),
-                     static_cast<float>(step_size));
+                     v.data_ptr<float>(), bf16_shadow_target(p), p.numel(),
+                     static_cast<float>(decay_factor), static_cast<float>(beta1),
+                     static_cast<float>(beta2), static_cast<float>(std::sqrt(bc2)),
+                     static_cast<float>(o.eps()), static_cast<float>(step_size));
+        bf16_shadow_written(p);  // (the version moves on, as an in-place op would move it)
         continue;
       }
       if (o.weight_decay() != 0) p.mul_(decay_factor);

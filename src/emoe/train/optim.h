@@ -23,6 +23,10 @@ struct ParamGroupInfo {
 class Optimizer {
  public:
   Optimizer(PretrainedModelImpl& model, const TrainOptions& o);
+  // (drops the bfloat16 copies of the parameters that step() wrote: bf16_shadow.h)
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
   // Sets every group's lr to base_lr * factor.
   void set_lr_factor(double factor);
   double current_lr() const;  // lr of the first group

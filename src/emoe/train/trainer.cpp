@@ -9,6 +9,7 @@
 #include <limits>
 #include <optional>
 
+#include "emoe/core/bf16_shadow.h"
 #include "emoe/core/error.h"
 #include "emoe/core/logging.h"
 #include "emoe/core/runtime.h"
@@ -328,20 +329,30 @@ double TrainLoop::clip_sharded_gradients() {
 nlohmann::json TrainLoop::memory_record() {
   note_peak();
   std::vector<double> mine = {static_cast<double>(peak_bytes_),
-                              static_cast<double>(opt_.state_bytes())};
+                              static_cast<double>(opt_.state_bytes()),
+                              static_cast<double>(bf16_shadow_bytes())};
   std::vector<std::vector<double>> all = {mine};
   if (c_.comm) all = c_.comm->all_gather(mine);
-  std::vector<double> peak, state;
-  for (const auto& r : all)
-    peak.push_back(r[0] / (1024.0 * 1024.0)), state.push_back(r[1] / (1024.0 * 1024.0));
+  std::vector<double> peak, state, copies;
+  for (const auto& r : all) {
+    peak.push_back(r[0] / (1024.0 * 1024.0));
+    state.push_back(r[1] / (1024.0 * 1024.0));
+    copies.push_back(r[2] / (1024.0 * 1024.0));
+  }
+  // (the bfloat16 copies of the parameters that the optimiser writes under bf16 autocast:
+  // core/bf16_shadow.h)
   nlohmann::json j = {{"sharding", sync_ ? to_string(sync_->level()) : std::string("none")},
                       {"world_size", static_cast<int64_t>(all.size())},
                       {"peak_tensor_mib_per_rank", peak},
-                      {"optimizer_state_mib_per_rank", state}};
+                      {"optimizer_state_mib_per_rank", state},
+                      {"bf16_copies_mib_per_rank", copies}};
   std::vector<std::string> shown;
   for (size_t r = 0; r < peak.size(); ++r)
-    shown.push_back(
-        fmt::format("rank {} {:.0f} MiB (AdamW state {:.0f} MiB)", r, peak[r], state[r]));
+    shown.push_back(copies[r] > 0 ? fmt::format("rank {} {:.0f} MiB (AdamW state {:.0f} MiB, "
+                                                "bf16 copies of the weights {:.0f} MiB)",
+                                                r, peak[r], state[r], copies[r])
+                                  : fmt::format("rank {} {:.0f} MiB (AdamW state {:.0f} MiB)", r,
+                                                peak[r], state[r]));
   if (c_.main_rank()) spdlog::info("peak CPU tensor memory: {}", fmt::join(shown, ", "));
   return j;
 }
