@@ -34,8 +34,9 @@ std::pair<std::vector<double>, std::map<std::string, torch::Tensor>> three_steps
   emoe::ModelInputs in;
   in.input_ids = torch::randint(2, 60, {3, 12}, torch::kLong);
   in.attention_mask = torch::ones({3, 12}, torch::kLong);
-  in.labels = c.head == emoe::Head::kSequenceClassification ? torch::randint(0, 2, {3}, torch::kLong)
-                                                             : in.input_ids.clone();
+  in.labels = c.head == emoe::Head::kSequenceClassification
+                  ? torch::randint(0, 2, {3}, torch::kLong)
+                  : in.input_ids.clone();
   in.output_logits = false;
   emoe::apply_method(*model, cfg, {in});
   model->train();
@@ -109,7 +110,8 @@ TEST(Bf16Shadow, StepsGiveTheSameBitsWithAndWithoutCopies) {
     EXPECT_GT(emoe::bf16_shadow_hits(), hits);
     EXPECT_EQ(emoe::bf16_shadow_count(), 0) << "the optimiser dropped its copies";
     ASSERT_EQ(losses.size(), plain_losses.size());
-    for (size_t i = 0; i < losses.size(); ++i) EXPECT_EQ(losses[i], plain_losses[i]) << "step " << i;
+    for (size_t i = 0; i < losses.size(); ++i)
+      EXPECT_EQ(losses[i], plain_losses[i]) << "step " << i;
     for (const auto& [key, p] : plain) {
       SCOPED_TRACE(key);
       EXPECT_TRUE(torch::equal(p, params.at(key)));

@@ -645,6 +645,49 @@ TEST(FusedLinear, EqualsSeparateProjectionsAndFallsBackWithAdapters) {
   EXPECT_EQ(fused[1].sizes(), (std::vector<int64_t>{2, 3, 4}));
 }
 
+// Training under CPU bf16 autocast, a fused projection runs each weight's product apart (no
+// concatenation of the weights, no split of the output): the outputs and the weights' and
+// biases' gradients are the separate layers' bits, x's gradient their sum (in float32 here, so
+// within bfloat16 rounding of it).
+TEST(FusedLinear, TrainsUnderBf16AutocastOnEachWeightApart) {
+  torch::manual_seed(4);
+  emoe::Linear q(emoe::LinearOptions{24, 16, true, false}),
+      k(emoe::LinearOptions{24, 8, true, false}), v(emoe::LinearOptions{24, 8, true, false});
+  auto x = torch::randn({2, 5, 24}, torch::requires_grad());
+  emoe::PrecisionScope scope(emoe::Precision::kBf16Mixed, torch::kCPU);
+  if (!emoe::autocast_linear_applies(x, q->weight, q->bias))
+    GTEST_SKIP() << "bf16 products are not on emoe's products on this CPU";
+  std::vector<torch::Tensor> r = {torch::randn({2, 5, 16}), torch::randn({2, 5, 8}),
+                                  torch::randn({2, 5, 8})};
+  auto run = [&](bool fused) {
+    std::vector<torch::Tensor> params = {q->weight, q->bias, k->weight, k->bias,
+                                         v->weight, v->bias, x};
+    for (auto& p : params) p.mutable_grad() = torch::Tensor();
+    const int64_t products = emoe::onednn_product_count();
+    auto ys = fused ? emoe::fused_linear({q.get(), k.get(), v.get()}, x)
+                    : std::vector<torch::Tensor>{q(x), k(x), v(x)};
+    EXPECT_EQ(emoe::onednn_product_count() - products, 3);  // one per weight either way
+    auto loss = torch::zeros({});
+    for (size_t i = 0; i < ys.size(); ++i) loss = loss + (ys[i].to(torch::kFloat) * r[i]).sum();
+    loss.backward();
+    std::vector<torch::Tensor> out;
+    for (auto& y : ys) out.push_back(y.detach());
+    for (auto& p : params) out.push_back(p.grad().clone());
+    return out;
+  };
+  const auto fused = run(true), apart = run(false);
+  ASSERT_EQ(fused.size(), apart.size());
+  for (size_t i = 0; i + 1 < fused.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(fused[i].scalar_type(), apart[i].scalar_type());
+    EXPECT_TRUE(torch::equal(fused[i], apart[i]));
+  }
+  const auto& gx = fused.back();
+  EXPECT_LE(emoe::test::max_abs_diff(gx, apart.back()),
+            std::ldexp(1.0, -7) * apart.back().abs().max().item<double>());
+  EXPECT_GT(gx.abs().max().item<double>(), 0.0);
+}
+
 TEST(LinearAutocast, AFrozenWeightIsCastOnceAndAgainAfterItChanges) {
   torch::manual_seed(5);
   for (bool transposed : {false, true}) {

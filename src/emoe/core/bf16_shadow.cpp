@@ -19,9 +19,9 @@ namespace {
 struct Entry {
   explicit Entry(c10::weak_intrusive_ptr<c10::StorageImpl> s) : storage(std::move(s)) {}
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // the parameter's storage while it lives
-  std::vector<int64_t> sizes, strides;                 // the parameter's layout
-  int64_t version = -1;                                // the copy's; -1: none written yet
-  at::Tensor copy;                                     // bfloat16, the parameter's layout
+  std::vector<int64_t> sizes, strides;                // the parameter's layout
+  int64_t version = -1;                               // the copy's; -1: none written yet
+  at::Tensor copy;                                    // bfloat16, the parameter's layout
 };
 
 std::mutex registry_mutex;
@@ -94,7 +94,8 @@ at::Tensor bf16_cast(const at::Tensor& t) {
     // a parameter (a leaf that needs gradients, or a view of one): the optimiser's fused step
     // takes contiguous parameters, so mark the contiguous layout (a transposed view's base, as
     // [size(1), size(0)])
-    const bool parameter = t.requires_grad() && (t.is_leaf() || (t.is_view() && t._base().is_leaf()));
+    const bool parameter =
+        t.requires_grad() && (t.is_leaf() || (t.is_view() && t._base().is_leaf()));
     if (parameter && t.dim() >= 1) {
       Entry e(t.storage().getWeakStorageImpl());
       if (t.is_contiguous()) {

@@ -271,6 +271,12 @@ std::vector<torch::Tensor> fused_linear(const std::vector<LinearImpl*>& layers,
   for (const auto& t : weights) cacheable = cacheable && t.scalar_type() == at::kFloat;
   if (!cacheable) {
     first->fused_cast_.clear();
+    // training every weight under CPU bf16 autocast: each product on its own weight (no
+    // concatenation; matmul.h's autocast_linear_group)
+    bool group = weights.size() <= 3;
+    for (size_t i = 0; i < weights.size() && group; ++i)
+      group = autocast_linear_applies(x, weights[i], biases.empty() ? at::Tensor() : biases[i]);
+    if (group) return autocast_linear_group(x, weights, biases);
     auto y = emoe::linear(x, torch::cat(weights, 0),
                           biases.empty() ? torch::Tensor() : torch::cat(biases, 0));
     return y.split_with_sizes(sizes, -1);

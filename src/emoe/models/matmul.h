@@ -121,6 +121,14 @@ void gemm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
 // float32 weight that wants a gradient (autocast_linear_applies): the products in bfloat16 as
 // autocast's linear, the weight's and bias's gradients summed straight into float32.
 bool autocast_linear_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// x W_iᵀ + b_i for 2 or 3 float32 weights [out_i, in] of one input (a fused projection in
+// training) under CPU bf16 autocast, where autocast_linear_applies to each weight that needs a
+// gradient: each output as linear() computes it, but x rounded once, no concatenation of the
+// weights or split of the output, and x's gradient summed over the products in float32. biases:
+// one per weight, or none.
+std::vector<at::Tensor> autocast_linear_group(const at::Tensor& x,
+                                              const std::vector<at::Tensor>& weights,
+                                              const std::vector<at::Tensor>& biases);
 // Inference under CPU bf16 autocast with a bfloat16 weight (a layer's cast copy) where nothing
 // needs a gradient: x and the bias rounded to bfloat16 as autocast's linear rounds them, the
 // product on oneDNN with the bias added in its epilogue (ATen's addmm first copies the bias into
