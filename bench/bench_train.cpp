@@ -302,6 +302,7 @@ void measure_one(const Args& a) {
   // reads were written by the step before it
   double shadow_ratio = 0;
   if (a.shadow_ab) {
+    const bool shadows_before = emoe::bf16_shadows_enabled();
     double t_on = 0, t_off = 0;
     for (int64_t i = 0; i < a.steps; ++i)
       for (bool on : {false, true}) {
@@ -311,7 +312,7 @@ void measure_one(const Args& a) {
         train_step();
         (on ? t_on : t_off) += seconds_since(t0);
       }
-    emoe::set_bf16_shadows_enabled(true);
+    emoe::set_bf16_shadows_enabled(shadows_before);
     shadow_ratio = t_on / t_off;
   }
   // --checkpoint-ab: steps with every block checkpointed (train.gradient_checkpointing),

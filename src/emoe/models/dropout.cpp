@@ -12,6 +12,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "emoe/core/bf16_round.h"
 #include "emoe/core/error.h"
 
 namespace emoe {
@@ -89,7 +90,7 @@ void mask_bf16(const uint16_t* __restrict in, uint16_t* __restrict out, int64_t 
     uint32_t bits;
     std::memcpy(&bits, &v, 4);
     bits &= kept_bits;  // dropped: +0
-    const uint32_t rounded = (bits + 0x7fffU + ((bits >> 16) & 1U)) >> 16;
+    const uint32_t rounded = bf16_round::rne(bits);
     const uint32_t nan = 0U - static_cast<uint32_t>((bits & 0x7fffffffU) > 0x7f800000U);
     out[j] = static_cast<uint16_t>(rounded ^ ((rounded ^ 0x7fc0U) & nan));
   }

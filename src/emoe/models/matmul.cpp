@@ -654,6 +654,22 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
   }
 };
 
+// The gradients of a bf16 product's float32 weight [out, in] (in its own layout: a transposed
+// view stays transposed, so that autograd keeps it without a copy) and bias, from g2 = d y and
+// x2 (both bfloat16, 2-D): bfloat16 operands summed straight into float32
+at::Tensor float32_weight_grad(const at::Tensor& g2, const at::Tensor& x2, bool column_major) {
+  const int64_t out_features = g2.size(1), in = x2.size(1);
+  const auto f32 = g2.options().dtype(at::kFloat);
+  auto gw =
+      column_major ? at::empty({in, out_features}, f32).t() : at::empty({out_features, in}, f32);
+  gemm_out(gw, g2.t(), x2);
+  return gw;
+}
+
+at::Tensor float32_bias_grad(const at::Tensor& g2) {
+  return column_sum_applies(g2) ? column_sum(g2) : at::sum(g2, {0}, false, at::kFloat);
+}
+
 // x W^T + b under CPU bf16 autocast for a float32 weight that wants its gradient: the products
 // in bfloat16 as autocast's linear computes them (x, W and b rounded to bfloat16, the output
 // bfloat16), but the weight's and bias's gradients summed straight into float32 — autocast's
@@ -697,15 +713,9 @@ class AutocastLinearFn : public torch::autograd::Function<AutocastLinearFn> {
       gx = gx.view(ctx->saved_data["shape"].toIntVector())
                .to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
     }
-    if (ctx->needs_input_grad(1)) {
-      const int64_t out_features = g2.size(1), in = x2.size(1);
-      const auto f32 = g2.options().dtype(at::kFloat);
-      gw = ctx->saved_data["w_column_major"].toBool() ? at::empty({in, out_features}, f32).t()
-                                                      : at::empty({out_features, in}, f32);
-      gemm_out(gw, g2.t(), x2);  // bfloat16 operands, float32 sums
-    }
-    if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool())
-      gb = column_sum_applies(g2) ? column_sum(g2) : at::sum(g2, {0}, false, at::kFloat);
+    if (ctx->needs_input_grad(1))
+      gw = float32_weight_grad(g2, x2, ctx->saved_data["w_column_major"].toBool());
+    if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) gb = float32_bias_grad(g2);
     return {gx, gw, gb};
   }
 };
@@ -774,17 +784,9 @@ class AutocastLinearGroupFn : public torch::autograd::Function<AutocastLinearGro
         if (first) gx = at::empty({g2.size(0), wb.size(1)}, g2.options().dtype(at::kFloat));
         gemm_out(gx, g2, wb, at::Tensor(), /*accumulate=*/!first);
       }
-      if (ctx->needs_input_grad(1 + 2 * i)) {
-        const int64_t out_features = g2.size(1), in = x2.size(1);
-        const auto f32 = g2.options().dtype(at::kFloat);
-        auto gw = column_major[i] ? at::empty({in, out_features}, f32).t()
-                                  : at::empty({out_features, in}, f32);
-        gemm_out(gw, g2.t(), x2);  // bfloat16 operands, float32 sums
-        out[1 + 2 * i] = gw;
-      }
-      if (ctx->needs_input_grad(2 + 2 * i) && biased[i])
-        out[2 + 2 * i] =
-            column_sum_applies(g2) ? column_sum(g2) : at::sum(g2, {0}, false, at::kFloat);
+      if (ctx->needs_input_grad(1 + 2 * i))
+        out[1 + 2 * i] = float32_weight_grad(g2, x2, column_major[i] != 0);
+      if (ctx->needs_input_grad(2 + 2 * i) && biased[i]) out[2 + 2 * i] = float32_bias_grad(g2);
     }
     if (gx.defined())
       out[0] = gx.view(ctx->saved_data["shape"].toIntVector())

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "emoe/core/autocast_compat.h"
+#include "emoe/core/bf16_round.h"
 #include "emoe/core/error.h"
 #include "emoe/models/attention.h"
 
@@ -77,13 +78,8 @@ inline __m512 load_bf16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(
       _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
-inline void store_bf16(uint16_t* p, __m512 v) {
-  // round to nearest even: add 0x7fff plus the kept part's lowest bit, keep the top 16 bits
-  const __m512i b = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  const __m512i r =
-      _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+inline void store_bf16(uint16_t* p, __m512 v) {  // round to nearest even
+  bf16_round::store_low_halves(p, bf16_round::rne(_mm512_castps_si512(v)));
 }
 // |m| with the sign of s
 inline __m512 copysign_of(__m512 m, __m512 s) {
@@ -144,15 +140,8 @@ inline __m256 load_bf16(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(
       _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
 }
-inline void store_bf16(uint16_t* p, __m256 v) {
-  const __m256i b = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  const __m256i r =
-      _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  // eight 32-bit lanes (each < 2^16) to eight 16-bit ones: pack within 128-bit halves, then
-  // gather the halves' low quadwords
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+inline void store_bf16(uint16_t* p, __m256 v) {  // round to nearest even
+  bf16_round::store_low_halves(p, bf16_round::rne(_mm256_castps_si256(v)));
 }
 inline float reduce_max(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

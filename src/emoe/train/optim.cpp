@@ -12,6 +12,7 @@
 #include <string>
 #include <type_traits>
 
+#include "emoe/core/bf16_round.h"
 #include "emoe/core/bf16_shadow.h"
 #include "emoe/core/error.h"
 
@@ -100,7 +101,7 @@ uint16_t round_bf16(float x) {
   if (std::isnan(x)) return 0xFFFF;
   uint32_t u;
   std::memcpy(&u, &x, 4);
-  return static_cast<uint16_t>((u + ((u >> 16) & 1u) + 0x7FFFu) >> 16);
+  return static_cast<uint16_t>(bf16_round::rne(u));
 }
 
 // AdamW over elements [begin, end) of p, its gradient g and the moments m, v, one element at a
@@ -146,24 +147,16 @@ void adamw_scalar(float* p, const float* g, float* m, float* v, uint16_t* pb, in
 
 // 16 (8) floats rounded to bfloat16 as round_bf16 rounds them, stored at out
 __attribute__((target("avx512f"))) inline void store_bf16_avx512(__m512 x, uint16_t* out) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r =
-      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-  r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), _mm512_set1_epi32(0xFFFF), r);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(r));
+  const __m512i r = bf16_round::rne(_mm512_castps_si512(x));
+  bf16_round::store_low_halves(out, _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q),
+                                                            _mm512_set1_epi32(0xFFFF), r));
 }
 
 __attribute__((target("avx2"))) inline void store_bf16_avx2(__m256 x, uint16_t* out) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r =
-      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  r = _mm256_blendv_epi8(_mm256_set1_epi32(0xFFFF), r,
-                         _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_ORD_Q)));
-  // (packus works within 128-bit lanes: the two lanes' halves brought together after)
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+  const __m256i r = bf16_round::rne(_mm256_castps_si256(x));
+  bf16_round::store_low_halves(
+      out, _mm256_blendv_epi8(_mm256_set1_epi32(0xFFFF), r,
+                              _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_ORD_Q))));
 }
 
 __attribute__((target("avx512f"))) void adamw_avx512(float* p, const float* g, float* m, float* v,
