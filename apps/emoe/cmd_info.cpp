@@ -71,6 +71,12 @@ void run_system(const InfoArgs& a) {
   // the training step's row-wise kernels (LM loss, SwiGLU, RMSNorm, attention's softmax, bias
   // gradients): the best vector set the CPU has, or ATen's ops
   const std::string rows = row_kernels_isa();
+  // bf16 inference's attention (models/attention_amx.h): on the AMX tiles where the CPU has them
+  const std::string attention =
+      !rows.empty() && amx_available()
+          ? "bf16 inference on the AMX tiles (scores, softmax and context per block of 16 "
+            "queries); otherwise batched products + the softmax kernel"
+          : "batched products + the softmax kernel (no AMX, or row kernels off)";
   // bfloat16 products (matmul.h's Bf16Gemm): oneDNN's (AMX or AVX-512 BF16), float32, or ATen's
   const std::string bf16_products =
       bf16_gemm() == Bf16Gemm::kFloat32
@@ -95,6 +101,7 @@ void run_system(const InfoArgs& a) {
                       {"bfloat16_products", bf16_products},
                       {"decoding_products", small.empty() ? "library" : small},
                       {"row_kernels", rows.empty() ? "library" : rows},
+                      {"attention", attention},
                       {"theoretical_peak_gflops",
                        {{"float32", peak.fp32_gflops},
                         {"bfloat16", peak.bf16_gflops},
@@ -122,6 +129,7 @@ void run_system(const InfoArgs& a) {
                        ? "ATen's ops (EMOE_ROW_KERNELS=library, or no AVX2+FMA / "
                          "AVX-512)"
                        : fmt::format("emoe's {} kernels (EMOE_ROW_KERNELS pins a set)", rows))
+            << fmt::format("attention    {}\n", attention)
             << fmt::format(
                    "experts      dispatched, at BERT-base's shape (chosen per shape by "
                    "measurement): float32 {}; bfloat16 {}\n",

@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "emoe/core/autocast_compat.h"
+#include "emoe/core/cpu_info.h"
 #include "emoe/core/error.h"
 #include "emoe/core/runtime.h"
 #include "emoe/models/activation.h"
@@ -256,7 +257,7 @@ std::vector<Bf16KernelSet> bf16_kernel_sets() {
   if (ek::bf16_available())
     sets.push_back(
         {"avx512-bf16", ek::gather_gemm_bf16, ek::scatter_gemm_bf16, ek::gather_weight_grad_bf16});
-  if (ek::amx_available())
+  if (emoe::amx_available())
     sets.push_back({"amx", ek::gather_gemm_amx, ek::scatter_gemm_amx, ek::gather_weight_grad_amx});
   return sets;
 }

@@ -374,21 +374,22 @@ TEST(RowKernels, MaskedSoftmaxAndItsGradientMatchFloat64OnEveryKernelSet) {
       ASSERT_TRUE(both.index({1, 0, 0}).all().item<bool>());
       for (const auto& mask : {at::Tensor(), causal, both}) {
         for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+          const double scale = s == 64 ? 0.3 : 1.0;  // the scores scaled inside the kernels
           SCOPED_TRACE(isa + " S " + std::to_string(s) + (mask.defined() ? " masked " : " open ") +
                        (dtype == torch::kFloat ? "float32" : "bfloat16"));
           auto x = (torch::randn({b, h, t, s}) * 6).to(dtype);
           ASSERT_TRUE(emoe::masked_softmax_applies(x, mask));
-          auto y = emoe::masked_softmax_forward(x, mask);
+          auto y = emoe::masked_softmax_forward(x, mask, scale);
           ASSERT_EQ(y.scalar_type(), dtype);
-          auto x64 = x.to(torch::kDouble);
+          auto x64 = x.to(torch::kDouble) * scale;
           if (mask.defined()) x64 = x64.masked_fill(mask, emoe::lowest_value(dtype).toDouble());
           const auto want = x64.softmax(-1);
           const double tol = dtype == torch::kFloat ? 1e-6 : 4e-3;
           EXPECT_LT(emoe::test::max_abs_diff(y.to(torch::kDouble), want), tol);
           auto dy = torch::randn({b, h, t, s}).to(dtype);
-          auto dx = emoe::masked_softmax_backward(y, dy, mask);
+          auto dx = emoe::masked_softmax_backward(y, dy, mask, scale);
           const auto y64 = y.to(torch::kDouble), dy64 = dy.to(torch::kDouble);
-          auto want_dx = y64 * (dy64 - (dy64 * y64).sum(-1, true));
+          auto want_dx = scale * y64 * (dy64 - (dy64 * y64).sum(-1, true));
           if (mask.defined()) want_dx = want_dx.masked_fill(mask, 0.0);
           EXPECT_LT(emoe::test::max_abs_diff(dx.to(torch::kDouble), want_dx),
                     (dtype == torch::kFloat ? 1e-5 : 2e-2) * want_dx.abs().max().item<double>());
@@ -417,20 +418,50 @@ TEST(RowKernels, ScaledAttentionGivesAtensValuesAndGradients) {
     auto k = torch::randn({b, hkv, t, d}).to(dtype).requires_grad_();
     auto v = torch::randn({b, hkv, t, d}).to(dtype).requires_grad_();
     auto dout = torch::randn({b, hq, t, d}).to(dtype);
-    auto run = [&](const std::string& isa) {
-      RowIsaScope pin(isa);
-      auto out = emoe::scaled_attention(q, k, v, mask, 0.25, 0.0, true);
-      auto g = torch::autograd::grad({out}, {q, k, v}, {dout});
-      return std::vector<at::Tensor>{out, g[0], g[1], g[2]};
-    };
-    const auto got = run("auto"), want = run("library");
-    const double tol = dtype == torch::kFloat ? 1e-5 : 3e-2;
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_EQ(got[i].scalar_type(), dtype) << i;
-      EXPECT_LT(emoe::test::max_abs_diff(got[i].to(torch::kDouble), want[i].to(torch::kDouble)),
-                tol * (1 + want[i].abs().max().item<double>()))
-          << i << (dtype == torch::kFloat ? " float32" : " bfloat16");
+    for (const double scale : {0.25, 0.3}) {
+      auto run = [&](const std::string& isa) {
+        RowIsaScope pin(isa);
+        auto out = emoe::scaled_attention(q, k, v, mask, scale, 0.0, true);
+        auto g = torch::autograd::grad({out}, {q, k, v}, {dout});
+        return std::vector<at::Tensor>{out, g[0], g[1], g[2]};
+      };
+      const auto got = run("auto"), want = run("library");
+      const double tol = dtype == torch::kFloat ? 1e-5 : 3e-2;
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i].scalar_type(), dtype) << i;
+        EXPECT_LT(emoe::test::max_abs_diff(got[i].to(torch::kDouble), want[i].to(torch::kDouble)),
+                  tol * (1 + want[i].abs().max().item<double>()))
+            << i << (dtype == torch::kFloat ? " float32 " : " bfloat16 ") << scale;
+      }
     }
+  }
+}
+
+// The scale inside the softmax kernels: with a power of two (BERT-base's and Llama's 1/8), the
+// output and gradients are bit for bit those of q scaled before its product with the keys.
+TEST(RowKernels, AttentionScaleInTheSoftmaxGivesTheScaledQuerysBits) {
+  if (row_kernel_sets().empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::manual_seed(14);
+  const int64_t b = 2, h = 3, t = 33, d = 16;
+  auto pad = torch::ones({b, t}, torch::kLong);
+  pad.index_put_({1, torch::indexing::Slice(0, 5)}, 0);
+  const auto mask = emoe::build_block_mask(pad, t, t, false, torch::kCPU);
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(dtype == torch::kFloat ? "float32" : "bfloat16");
+    auto q = torch::randn({b, h, t, d}).to(dtype).requires_grad_();
+    auto k = torch::randn({b, h, t, d}).to(dtype).requires_grad_();
+    auto v = torch::randn({b, h, t, d}).to(dtype).requires_grad_();
+    auto dout = torch::randn({b, h, t, d}).to(dtype);
+    auto out = emoe::scaled_attention(q, k, v, mask, 0.125, 0.0, true);
+    auto got = torch::autograd::grad({out}, {q, k, v}, {dout});
+    auto want_out = emoe::scaled_attention(q * 0.125, k, v, mask, 1.0, 0.0, true);
+    auto want = torch::autograd::grad({want_out}, {q, k, v}, {dout});
+    EXPECT_TRUE(torch::equal(out, want_out));
+    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(got[i], want[i])) << i;
+    // a scale that is not a power of two rounds differently, and the comparison sees it
+    auto other = emoe::scaled_attention(q, k, v, mask, 0.13, 0.0, true);
+    auto other_want = emoe::scaled_attention(q * 0.13, k, v, mask, 1.0, 0.0, true);
+    EXPECT_FALSE(torch::equal(other, other_want));
   }
 }
 

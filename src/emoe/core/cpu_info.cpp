@@ -2,6 +2,8 @@
 #include "emoe/core/cpu_info.h"
 
 #include <fmt/format.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -102,6 +104,22 @@ TheoreticalPeak theoretical_peak(const CpuInfo& cpu) {
   p.fp32_gflops = fp32 * ghz_cores;
   p.bf16_gflops = bf16 * ghz_cores;
   return p;
+}
+
+bool amx_available() {
+  static const bool ok = [] {
+    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16")))
+      return false;
+    // CPUID leaf 7: EDX bit 22 amx_bf16, bit 24 amx_tile
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    if (!((d >> 22) & 1u) || !((d >> 24) & 1u)) return false;
+    // Linux hands the tile state (XTILEDATA, feature 18) to a process only on request
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
 }
 
 }  // namespace emoe

@@ -34,4 +34,8 @@ struct TheoreticalPeak {
 };
 TheoreticalPeak theoretical_peak(const CpuInfo& cpu);
 
+// True only where the CPU has AMX (amx_tile, amx_bf16, with AVX-512 BF16) and Linux granted this
+// process the tile state (asked once): the AMX kernels' condition (core/amx_tiles.h).
+bool amx_available();
+
 }  // namespace emoe

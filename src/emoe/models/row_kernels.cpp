@@ -625,7 +625,7 @@ bool masked_softmax_applies(const at::Tensor& scores, const at::Tensor& mask) {
   return true;
 }
 
-at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& mask) {
+at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& mask, double scale) {
   TORCH_CHECK(masked_softmax_applies(scores, mask), "masked_softmax: the kernels do not apply");
   const int64_t n = scores.size(-1), rows = scores.numel() / n;
   auto y = at::empty_like(scores);
@@ -633,6 +633,7 @@ at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& ma
   const MaskRows m = mask_rows(mask, scores.sizes(), &keep);
   const Isa isa = current_isa();
   const float lowest = lowest_value(scores.scalar_type()).toFloat();  // what the fill would write
+  const auto s = static_cast<float>(scale);
   auto run = [&](auto* x, auto* out) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
     at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / n),
@@ -642,11 +643,11 @@ at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& ma
                          scratch.resize(static_cast<size_t>(n));
                        for (int64_t r = r0; r < r1; ++r) {
                          if (isa == Isa::kAvx512)
-                           avx512::masked_softmax_row<T>(x + r * n, m.row(r), lowest, out + r * n,
-                                                         n, scratch.data());
+                           avx512::masked_softmax_row<T>(x + r * n, m.row(r), lowest, s,
+                                                         out + r * n, n, scratch.data());
                          else
-                           avx2::masked_softmax_row<T>(x + r * n, m.row(r), lowest, out + r * n, n,
-                                                       scratch.data());
+                           avx2::masked_softmax_row<T>(x + r * n, m.row(r), lowest, s, out + r * n,
+                                                       n, scratch.data());
                        }
                      });
   };
@@ -657,8 +658,20 @@ at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& ma
   return y;
 }
 
+bool masked_softmax_row_bf16(const uint16_t* x, const uint8_t* mask, double scale, uint16_t* y,
+                             int64_t n, float* scratch) {
+  const Isa isa = current_isa();
+  if (isa == Isa::kNone) return false;
+  const float lowest = lowest_value(at::kBFloat16).toFloat();
+  (isa == Isa::kAvx512 ? avx512::masked_softmax_row<uint16_t>
+                       : avx2::masked_softmax_row<uint16_t>)(x, mask, lowest,
+                                                             static_cast<float>(scale), y, n,
+                                                             scratch);
+  return true;
+}
+
 at::Tensor masked_softmax_backward(const at::Tensor& y, const at::Tensor& grad_out,
-                                   const at::Tensor& mask) {
+                                   const at::Tensor& mask, double scale) {
   TORCH_CHECK(masked_softmax_applies(y, mask), "masked_softmax_backward: the kernels do not apply");
   const auto dy = grad_out.to(y.scalar_type()).contiguous();
   TORCH_CHECK(dy.sizes() == y.sizes(), "masked_softmax_backward: gradient of shape ", dy.sizes(),
@@ -668,6 +681,7 @@ at::Tensor masked_softmax_backward(const at::Tensor& y, const at::Tensor& grad_o
   at::Tensor keep;
   const MaskRows m = mask_rows(mask, y.sizes(), &keep);
   const Isa isa = current_isa();
+  const auto s = static_cast<float>(scale);
   auto run = [&](auto* yp, auto* dyp, auto* dxp) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(yp)>>;
     at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / n),
@@ -675,10 +689,10 @@ at::Tensor masked_softmax_backward(const at::Tensor& y, const at::Tensor& grad_o
                        for (int64_t r = r0; r < r1; ++r) {
                          if (isa == Isa::kAvx512)
                            avx512::masked_softmax_row_backward<T>(yp + r * n, dyp + r * n, m.row(r),
-                                                                  dxp + r * n, n);
+                                                                  s, dxp + r * n, n);
                          else
                            avx2::masked_softmax_row_backward<T>(yp + r * n, dyp + r * n, m.row(r),
-                                                                dxp + r * n, n);
+                                                                s, dxp + r * n, n);
                        }
                      });
   };

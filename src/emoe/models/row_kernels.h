@@ -86,16 +86,25 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x, const a
 bool column_sum_applies(const at::Tensor& g);
 at::Tensor column_sum(const at::Tensor& g);
 
-// Attention probabilities: softmax over the last dimension of scores (CPU, float32 or bfloat16,
-// contiguous) with the positions where `mask` (bool, broadcastable to scores, its last dimension
-// whole and contiguous; or undefined: nothing blocked) is true taken as the dtype's lowest value,
-// in float32, rounded once to the scores' dtype — what masked_fill + softmax(float32) + a cast
-// back compute in four passes and two float32 copies. The backward pass gives the scores'
-// gradient from the probabilities y and the incoming gradient (blocked positions 0).
+// Attention probabilities: softmax over the last dimension of scale · scores (CPU, float32 or
+// bfloat16, contiguous) with the positions where `mask` (bool, broadcastable to scores, its last
+// dimension whole and contiguous; or undefined: nothing blocked) is true taken as the dtype's
+// lowest value, in float32, rounded once to the scores' dtype — what a multiplication,
+// masked_fill + softmax(float32) + a cast back compute in five passes and two float32 copies.
+// The backward pass gives the (unscaled) scores' gradient from the probabilities y and the
+// incoming gradient (blocked positions 0). With a power-of-two scale the results are those of
+// the scale applied to either operand of the product that made the scores, bit for bit.
 bool masked_softmax_applies(const at::Tensor& scores, const at::Tensor& mask);
-at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& mask);
+at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& mask,
+                                  double scale = 1.0);
 at::Tensor masked_softmax_backward(const at::Tensor& y, const at::Tensor& grad_out,
-                                   const at::Tensor& mask);
+                                   const at::Tensor& mask, double scale = 1.0);
+
+// One row of masked_softmax_forward on bfloat16 bits (x and y n long, mask n bytes or null,
+// scratch n floats), for kernels that make their scores themselves (the AMX attention): false,
+// touching nothing, where no kernels are in use.
+bool masked_softmax_row_bf16(const uint16_t* x, const uint8_t* mask, double scale, uint16_t* y,
+                             int64_t n, float* scratch);
 
 // Rotary embeddings, Hugging Face's rotate_half convention: y = x * cos + rotate_half(x) * sin
 // over the last dimension (even, D), x [B, H, T, D] (CPU, float32 or bfloat16, the last dimension

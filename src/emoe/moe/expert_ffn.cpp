@@ -20,6 +20,7 @@
 #include <tuple>
 
 #include "emoe/core/bf16_shadow.h"
+#include "emoe/core/cpu_info.h"
 #include "emoe/core/error.h"
 #include "emoe/models/matmul.h"
 #include "emoe/models/row_kernels.h"
@@ -128,7 +129,7 @@ bool path_fits(ExpertPath path, at::ScalarType dtype) {
     case ExpertPath::kAvx512Bf16:  // (amx_available() also asks Linux for the tile state, once)
       return dtype == at::kBFloat16 && expert_kernels::bf16_available();
     case ExpertPath::kAmx:
-      return dtype == at::kBFloat16 && expert_kernels::amx_available();
+      return dtype == at::kBFloat16 && emoe::amx_available();
   }
   return false;
 }

@@ -68,9 +68,8 @@ void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const in
 // operands): the same three products with the same arguments and layouts as the *_bf16 kernels
 // above, products exact and summed in float32. A tile of 16 routed rows is gathered into a small
 // buffer (AMX loads rows at one stride) and the weights are packed per call into the pairs the
-// instruction takes, zero-padded to whole tiles. True only where the CPU has AMX and the kernel
-// (Linux) granted this process the tile state.
-bool amx_available();
+// instruction takes, zero-padded to whole tiles. Only where emoe::amx_available()
+// (core/amx_tiles.h).
 
 void gather_gemm_amx(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
                      const std::vector<int64_t>& counts, int64_t s, const uint16_t* b, int64_t b_k,

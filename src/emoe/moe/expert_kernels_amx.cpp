@@ -9,13 +9,12 @@
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <memory>
 
+#include "emoe/core/amx_tiles.h"
 #include "emoe/moe/expert_kernels.h"
 #include "emoe/moe/expert_kernels_detail.h"
 
@@ -23,83 +22,13 @@ namespace emoe::expert_kernels {
 
 namespace amx_tiles {
 
-#define EMOE_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+using namespace emoe::amx;
 
-constexpr int64_t kRows = 16;   // rows of a tile
-constexpr int64_t kStep = 32;   // bf16 of the summed dimension per tile step (16 pairs)
-constexpr int64_t kCols = 16;   // float32 columns of an accumulator tile
 constexpr int64_t kPanel = 64;  // columns of the micro-kernel's accumulators (4 tiles)
 constexpr int64_t kBlock = 32;  // rows of the micro-kernel's accumulators (2 tiles)
 
 int64_t round_up(int64_t v, int64_t m) {
   return (v + m - 1) / m * m;
-}
-
-// The 64-byte operand of ldtilecfg: palette 1, every tile 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-EMOE_AMX void configure_tiles() {
-  TileConfig cfg;
-  for (int i = 0; i < 8; ++i) {
-    cfg.colsb[i] = 64;
-    cfg.rows[i] = kRows;
-  }
-  // GCC 12's _tile_loadconfig names only the first 8 bytes as its memory operand, so the
-  // compiler dropped the stores of the tile shapes before it: the whole struct is the operand.
-  __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
-}
-
-EMOE_AMX void release_tiles() {
-  _tile_release();
-}
-
-// Tile state for the calling thread's parallel region: configured on entry, released on exit.
-struct TileScope {
-  TileScope() { configure_tiles(); }
-  ~TileScope() { release_tiles(); }
-  TileScope(const TileScope&) = delete;
-  TileScope& operator=(const TileScope&) = delete;
-};
-
-// c[16, 0:16·NT] = Σ over `steps` of a[:, 32·t : 32·t + 32] · b[16·t : 16·t + 16, 0:16·NT]:
-// a bf16 with row stride lda (elements), b packed pairs with row stride ldb (32-bit words), c
-// float32 with row stride ldc. Tiles 0..3 accumulate, 4 holds a, 5..7 b.
-template <int NT>
-EMOE_AMX void tile_gemm(const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
-                        int64_t steps, float* c, int64_t ldc) {
-  const int64_t sa = lda * 2, sb = ldb * 4, sc = ldc * 4;
-  _tile_zero(0);
-  if constexpr (NT > 1) _tile_zero(1);
-  if constexpr (NT > 2) _tile_zero(2);
-  if constexpr (NT > 3) _tile_zero(3);
-  for (int64_t t = 0; t < steps; ++t) {
-    const uint32_t* bt = b + t * 16 * ldb;
-    _tile_loadd(4, a + t * kStep, sa);
-    _tile_loadd(5, bt, sb);
-    _tile_dpbf16ps(0, 4, 5);
-    if constexpr (NT > 1) {
-      _tile_loadd(6, bt + 16, sb);
-      _tile_dpbf16ps(1, 4, 6);
-    }
-    if constexpr (NT > 2) {
-      _tile_loadd(7, bt + 32, sb);
-      _tile_dpbf16ps(2, 4, 7);
-    }
-    if constexpr (NT > 3) {
-      _tile_loadd(5, bt + 48, sb);
-      _tile_dpbf16ps(3, 4, 5);
-    }
-  }
-  _tile_stored(0, c, sc);
-  if constexpr (NT > 1) _tile_stored(1, c + 16, sc);
-  if constexpr (NT > 2) _tile_stored(2, c + 32, sc);
-  if constexpr (NT > 3) _tile_stored(3, c + 48, sc);
 }
 
 // c[32, 0:16·NT] for 32 rows of a (two tiles, rows 0-15 and 16-31) against NT (1 or 2) column
@@ -265,22 +194,6 @@ std::unique_ptr<uint32_t[]> pack_panels(const uint16_t* b, int64_t e, int64_t ex
 }
 
 }  // namespace amx_tiles
-
-bool amx_available() {
-  static const bool ok = [] {
-    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16")))
-      return false;
-    // CPUID leaf 7: EDX bit 22 amx_bf16, bit 24 amx_tile
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-    if (!((d >> 22) & 1u) || !((d >> 24) & 1u)) return false;
-    // Linux hands the tile state (XTILEDATA, feature 18) to a process only on request
-    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return ok;
-}
 
 void gather_gemm_amx(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
                      const std::vector<int64_t>& counts, int64_t s, const uint16_t* b, int64_t b_k,
