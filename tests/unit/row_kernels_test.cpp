@@ -356,6 +356,34 @@ TEST(RowKernels, ColumnSumsMatchFloat64OnEveryKernelSet) {
   EXPECT_FALSE(emoe::column_sum_applies(torch::randn({4, 5}, torch::kDouble)));
 }
 
+// A pre-norm block's residual sum under bf16 autocast (float32 stream + bfloat16 output): ATen's
+// mixed-dtype add's bits, forward and backward, on every kernel set; other dtypes stay ATen's.
+TEST(RowKernels, ResidualAddGivesAtensBitsOnEveryKernelSet) {
+  const auto sets = row_kernel_sets();
+  if (sets.empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  torch::manual_seed(15);
+  for (const auto& isa : sets) {
+    RowIsaScope pin(isa);
+    SCOPED_TRACE(isa);
+    auto x = torch::randn({3, 7, 37}).requires_grad_();  // 777 elements: a vector tail
+    auto a = torch::randn({3, 7, 37}).to(torch::kBFloat16).requires_grad_();
+    ASSERT_TRUE(emoe::residual_add_applies(x, a));
+    const auto g = torch::randn({3, 7, 37});
+    auto y = emoe::residual_add(x, a);
+    auto got = torch::autograd::grad({y}, {x, a}, {g});
+    auto want_y = x + a;
+    auto want = torch::autograd::grad({want_y}, {x, a}, {g});
+    EXPECT_EQ(y.scalar_type(), torch::kFloat);
+    EXPECT_TRUE(torch::equal(y, want_y));
+    EXPECT_TRUE(torch::equal(got[0], want[0]));
+    EXPECT_EQ(got[1].scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(got[1], want[1]));
+  }
+  EXPECT_FALSE(emoe::residual_add_applies(torch::randn({4}), torch::randn({4})));
+  EXPECT_FALSE(emoe::residual_add_applies(torch::randn({4, 2}).t(),
+                                          torch::randn({2, 4}).to(torch::kBFloat16)));
+}
+
 // Attention probabilities: the blocked positions (causal, padding, a query blocked everywhere) as
 // ATen's fill + float32 softmax computes them, in float64, and the gradient.
 TEST(RowKernels, MaskedSoftmaxAndItsGradientMatchFloat64OnEveryKernelSet) {

@@ -98,9 +98,9 @@ class Gpt2BlockImpl : public torch::nn::Module, public FfnSlot {
     auto a = merge_heads(
         scaled_attention(q, k, v, block_mask, scale_, c_.attn_pdrop, is_training(), probs));
     a = emoe::dropout(attn_proj_(a), c_.resid_pdrop, is_training());
-    auto r = x + a;
+    auto r = residual_add(x, a);
     auto f = run_ffn(ln_2_(r), token_mask);
-    return r + emoe::dropout(f, c_.resid_pdrop, is_training());
+    return residual_add(r, emoe::dropout(f, c_.resid_pdrop, is_training()));
   }
 
   torch::Tensor ffn_hidden(const torch::Tensor& x) override {

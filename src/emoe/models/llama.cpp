@@ -228,8 +228,8 @@ class LlamaLayerImpl : public torch::nn::Module, public FfnSlot {
     double scale = 1.0 / std::sqrt(static_cast<double>(c_.head_dim()));
     auto a =
         o_(merge_heads(scaled_attention(q, k, v, block_mask, scale, 0.0, is_training(), probs)));
-    auto r = x + a;
-    return r + run_ffn(post_norm_(r), token_mask);
+    auto r = residual_add(x, a);
+    return residual_add(r, run_ffn(post_norm_(r), token_mask));
   }
 
   torch::Tensor ffn_hidden(const torch::Tensor& x) override {

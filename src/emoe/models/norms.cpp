@@ -102,4 +102,28 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return weight * h.to(x.scalar_type());
 }
 
+namespace {
+
+class ResidualAddFn : public torch::autograd::Function<ResidualAddFn> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& a) {
+    RECORD_FUNCTION("emoe::residual_add", std::vector<c10::IValue>());
+    ctx->saved_data["a_dtype"] = static_cast<int64_t>(a.scalar_type());
+    return residual_add_forward(x, a);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["a_dtype"].toInt());
+    return {grads[0], grads[0].to(dtype)};
+  }
+};
+
+}  // namespace
+
+torch::Tensor residual_add(const torch::Tensor& x, const torch::Tensor& a) {
+  if (residual_add_applies(x, a)) return ResidualAddFn::apply(x, a);
+  return x + a;
+}
+
 }  // namespace emoe

@@ -32,4 +32,9 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+// x + a, a pre-norm block's residual sum: through the row kernels where they apply (a float32
+// stream plus a bfloat16 output under autocast; residual_add_applies), else as written. The
+// gradient of each input is the incoming one (in a's dtype for a).
+torch::Tensor residual_add(const torch::Tensor& x, const torch::Tensor& a);
+
 }  // namespace emoe

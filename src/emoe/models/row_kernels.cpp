@@ -294,6 +294,25 @@ void silu_mul_backward_run(Isa isa, const at::Tensor& g, const at::Tensor& u,
 
 }  // namespace
 
+bool residual_add_applies(const at::Tensor& x, const at::Tensor& a) {
+  return current_isa() != Isa::kNone && x.defined() && a.defined() && x.device().is_cpu() &&
+         a.device().is_cpu() && x.scalar_type() == at::kFloat && a.scalar_type() == at::kBFloat16 &&
+         x.sizes() == a.sizes() && x.is_contiguous() && a.is_contiguous();
+}
+
+at::Tensor residual_add_forward(const at::Tensor& x, const at::Tensor& a) {
+  TORCH_CHECK(residual_add_applies(x, a), "residual_add: the kernels do not apply");
+  auto y = at::empty_like(x);
+  const Isa isa = current_isa();
+  elementwise(x.numel(), [&](int64_t b, int64_t n) {
+    (isa == Isa::kAvx512 ? avx512::add_widened<uint16_t>
+                         : avx2::add_widened<uint16_t>)(ptr<const float>(x) + b,
+                                                        ptr<const uint16_t>(a) + b,
+                                                        ptr<float>(y) + b, n);
+  });
+  return y;
+}
+
 bool gelu_erf_applies(const at::Tensor& x) {
   return current_isa() != Isa::kNone && x.defined() && same_plain(x, x);
 }
