@@ -18,6 +18,15 @@ namespace amx {
 constexpr int64_t kRows = 16;  // rows of a tile
 constexpr int64_t kStep = 32;  // bf16 of the summed dimension per tile step (16 pairs)
 constexpr int64_t kCols = 16;  // float32 columns of an accumulator tile
+
+inline int64_t round_up(int64_t v, int64_t m) {
+  return (v + m - 1) / m * m;
+}
+
+// the first n (0..16) lanes
+inline __mmask16 lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
+}
 // The 64-byte operand of ldtilecfg: palette 1, every tile 16 rows of 64 bytes.
 struct alignas(64) TileConfig {
   uint8_t palette = 1;

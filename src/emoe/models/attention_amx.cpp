@@ -20,14 +20,8 @@ namespace {
 
 using amx::kRows;
 using amx::kStep;
-
-int64_t round_up(int64_t v, int64_t m) {
-  return (v + m - 1) / m * m;
-}
-
-__mmask16 lanes(int64_t n) {  // the first n (0..16) lanes
-  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
-}
+using amx::lanes;
+using amx::round_up;
 
 // c[16, 0:width] = a · b over `steps`, width a multiple of 16, 64 columns at a time
 EMOE_AMX void tile_rows(const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb,

@@ -27,10 +27,6 @@ using namespace emoe::amx;
 constexpr int64_t kPanel = 64;  // columns of the micro-kernel's accumulators (4 tiles)
 constexpr int64_t kBlock = 32;  // rows of the micro-kernel's accumulators (2 tiles)
 
-int64_t round_up(int64_t v, int64_t m) {
-  return (v + m - 1) / m * m;
-}
-
 // c[32, 0:16·NT] for 32 rows of a (two tiles, rows 0-15 and 16-31) against NT (1 or 2) column
 // tiles of b: each b tile loaded once for both row tiles. Tiles 0..3 accumulate (row tile i,
 // column tile n in tile 2i + n), 4 and 5 hold a, 6 and 7 b.
@@ -84,10 +80,6 @@ void panel_gemm(const uint16_t* a, int64_t lda, int64_t rows, const uint32_t* b,
   for (int64_t n = 0; n < tiles; n += 2)
     kTileGemm32[std::min<int64_t>(2, tiles - n) - 1](a, lda, b + n * kCols, ldb, steps,
                                                      c + n * kCols, kPanel);
-}
-
-__mmask16 lanes(int64_t n) {  // the first n (0..16) lanes
-  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
 }
 
 // out[0:n] = bf16(acc[0:n] + bias[0:n]) (bias may be null)
