@@ -1,6 +1,7 @@
 // AMX tile helpers shared by the kernels that use the tile unit (the dispatched experts' products
 // in moe/expert_kernels_amx.cpp, attention in models/attention_amx.cpp): the tile configuration,
-// and the micro-kernel of a 16-row accumulator over steps of 32 bf16. Include only from files
+// the micro-kernel of a 16-row accumulator over steps of 32 bf16, and the packing of rows into
+// the pairs the tile instruction takes. Include only from files
 // compiled alone (outside the unity batches): the functions carry AMX target attributes.
 #pragma once
 #include <immintrin.h>
@@ -92,6 +93,30 @@ EMOE_AMX inline void tile_gemm(const uint16_t* a, int64_t lda, const uint32_t* b
   if constexpr (NT > 1) _tile_stored(1, c + 16, sc);
   if constexpr (NT > 2) _tile_stored(2, c + 32, sc);
   if constexpr (NT > 3) _tile_stored(3, c + 48, sc);
+}
+
+// tile_gemm<NT> by its count of column tiles (1..4)
+using TileGemm = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t, int64_t, float*,
+                          int64_t);
+inline const TileGemm kTileGemm16[4] = {tile_gemm<1>, tile_gemm<2>, tile_gemm<3>, tile_gemm<4>};
+
+// lane i: i · stride (the offsets of a gather of 16 rows `stride` elements apart)
+EMOE_AMX inline __m512i lane_offsets(int64_t stride) {
+  return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                            _mm512_set1_epi32(static_cast<int>(stride)));
+}
+
+// out[p][0:n] = x[t0][0:n] | x[t1][0:n] << 16 (t1's half zero when absent): two routed rows'
+// features interleaved into the pairs of one step
+EMOE_AMX inline void interleave_pair(const uint16_t* lo, const uint16_t* hi, int64_t n,
+                                     uint32_t* out) {
+  for (int64_t c = 0; c < n; c += 16) {
+    const __mmask16 m = lanes(n - c);
+    const __m512i a = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + c));
+    const __m512i b =
+        hi ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, hi + c)) : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi32(out + c, m, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+  }
 }
 
 }  // namespace amx

@@ -154,12 +154,12 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t hkv = k.size(1), s = k.size(2), rep = hq / hkv;
   TORCH_CHECK(hkv > 0 && hq == rep * hkv, "attention: ", hq, " query heads for ", hkv,
               " key/value heads");
-  if (probs == nullptr && (dropout_p == 0.0 || !training) &&
-      decode_attention_applies(q, k, v, block_mask))
+  // kernels that hand out neither the probabilities nor dropout: decoding's few queries, and
+  // bfloat16 inference on a CPU with AMX (scores, softmax and context per block of queries)
+  const bool plain = probs == nullptr && (dropout_p == 0.0 || !training);
+  if (plain && decode_attention_applies(q, k, v, block_mask))
     return decode_attention(q, k, v, block_mask, scale);
-  // inference in bfloat16 on a CPU with AMX: scores, softmax and context per block of queries
-  if (probs == nullptr && (dropout_p == 0.0 || !training) &&
-      amx_attention_applies(q, k, v, block_mask))
+  if (plain && amx_attention_applies(q, k, v, block_mask))
     return amx_attention(q, k, v, block_mask, scale);
   const auto qg = rep == 1 ? q : q.reshape({b, hkv, rep * t, d});
   auto scores = emoe::matmul(qg, k.transpose(-2, -1));

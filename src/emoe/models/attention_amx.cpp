@@ -24,37 +24,24 @@ using amx::lanes;
 using amx::round_up;
 
 // c[16, 0:width] = a · b over `steps`, width a multiple of 16, 64 columns at a time
-EMOE_AMX void tile_rows(const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
-                        int64_t steps, int64_t width, float* c, int64_t ldc) {
-  for (int64_t c0 = 0; c0 < width; c0 += 64) {
-    switch (std::min<int64_t>(64, width - c0) / 16) {
-      case 1:
-        amx::tile_gemm<1>(a, lda, b + c0, ldb, steps, c + c0, ldc);
-        break;
-      case 2:
-        amx::tile_gemm<2>(a, lda, b + c0, ldb, steps, c + c0, ldc);
-        break;
-      case 3:
-        amx::tile_gemm<3>(a, lda, b + c0, ldb, steps, c + c0, ldc);
-        break;
-      default:
-        amx::tile_gemm<4>(a, lda, b + c0, ldb, steps, c + c0, ldc);
-    }
-  }
+void tile_rows(const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t steps,
+               int64_t width, float* c, int64_t ldc) {
+  for (int64_t c0 = 0; c0 < width; c0 += 64)
+    amx::kTileGemm16[std::min<int64_t>(64, width - c0) / 16 - 1](a, lda, b + c0, ldb, steps, c + c0,
+                                                                 ldc);
 }
 
 // kp[i·sp + j] = the pair (k[j][2i], k[j][2i + 1]) for j < s, i < d/2; zero for j in [s, sp) and
 // for i in [d/2, dp/2): the keys transposed into the tiles' right operand of q kᵀ
 EMOE_AMX void pack_keys(const uint16_t* k, int64_t ldk, int64_t s, int64_t d, int64_t sp,
                         int64_t dp, uint32_t* kp) {
-  const __m512i index =
-      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                         _mm512_set1_epi32(static_cast<int>(ldk * 2)));  // bytes between rows
+  const __m512i index = amx::lane_offsets(ldk);
   for (int64_t j0 = 0; j0 < sp; j0 += 16) {
     const __mmask16 m = lanes(std::max<int64_t>(0, s - j0));
     for (int64_t i = 0; i < dp / 2; ++i) {
       __m512i v = _mm512_setzero_si512();
-      if (i < d / 2 && m) v = _mm512_mask_i32gather_epi32(v, m, index, k + j0 * ldk + 2 * i, 1);
+      if (i < d / 2 && m)  // element offsets at scale 2: bytes
+        v = _mm512_mask_i32gather_epi32(v, m, index, k + j0 * ldk + 2 * i, 2);
       _mm512_storeu_si512(kp + i * sp + j0, v);
     }
   }
@@ -66,18 +53,10 @@ EMOE_AMX void pack_values(const uint16_t* v, int64_t ldv, int64_t s, int64_t d, 
                           uint32_t* vp) {
   for (int64_t p = 0; p < sp / 2; ++p) {
     const int64_t r = 2 * p;
-    for (int64_t c = 0; c < d; c += 16) {
-      const __mmask16 m = lanes(d - c);
-      __m512i out = _mm512_setzero_si512();
-      if (r < s) {
-        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, v + r * ldv + c));
-        const __m512i hi =
-            r + 1 < s ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, v + (r + 1) * ldv + c))
-                      : _mm512_setzero_si512();
-        out = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-      }
-      _mm512_mask_storeu_epi32(vp + p * d + c, m, out);
-    }
+    if (r < s)
+      amx::interleave_pair(v + r * ldv, r + 1 < s ? v + (r + 1) * ldv : nullptr, d, vp + p * d);
+    else
+      std::memset(vp + p * d, 0, static_cast<size_t>(d) * 4);
   }
 }
 
@@ -90,12 +69,6 @@ EMOE_AMX void round_row(const float* x, int64_t n, uint16_t* y) {
   }
 }
 
-// dst[r·d + c] = bf16(src[r·ld + c]) for r < rows, c < d (d a multiple of 16): float32 queries,
-// keys or values (RoPE's, under autocast) rounded as autocast's product rounds them
-EMOE_AMX void rows_to_bf16(const float* src, int64_t ld, int64_t rows, int64_t d, uint16_t* dst) {
-  for (int64_t r = 0; r < rows; ++r) round_row(src + r * ld, d, dst + r * d);
-}
-
 // The bfloat16 rows [n, d] (row stride in elements) of head `h` of batch row `bi` of t: t's own
 // memory where it is bfloat16, else rounded into buf (row stride d).
 const uint16_t* bf16_rows(const at::Tensor& t, int64_t bi, int64_t h, std::vector<uint16_t>& buf,
@@ -105,9 +78,11 @@ const uint16_t* bf16_rows(const at::Tensor& t, int64_t bi, int64_t h, std::vecto
     *stride = t.stride(2);
     return reinterpret_cast<const uint16_t*>(t.data_ptr()) + bi * t.stride(0) + h * t.stride(1);
   }
+  // float32 queries, keys or values (RoPE's, under autocast) rounded as autocast's product
+  // rounds them
   if (buf.size() < static_cast<size_t>(n * d)) buf.resize(static_cast<size_t>(n * d));
-  rows_to_bf16(t.data_ptr<float>() + bi * t.stride(0) + h * t.stride(1), t.stride(2), n, d,
-               buf.data());
+  const float* src = t.data_ptr<float>() + bi * t.stride(0) + h * t.stride(1);
+  for (int64_t r = 0; r < n; ++r) round_row(src + r * t.stride(2), d, buf.data() + r * d);
   *stride = d;
   return buf.data();
 }

@@ -61,9 +61,6 @@ EMOE_AMX void tile_gemm_32(const uint16_t* a, int64_t lda, const uint32_t* b, in
   }
 }
 
-using TileGemm = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t, int64_t, float*,
-                          int64_t);
-const TileGemm kTileGemm16[4] = {tile_gemm<1>, tile_gemm<2>, tile_gemm<3>, tile_gemm<4>};
 const TileGemm kTileGemm32[2] = {tile_gemm_32<1>, tile_gemm_32<2>};
 
 // c[0:rows, 0:width] (row stride kPanel) = a[0:rows] · b over `steps`, for rows <= 32 and
@@ -102,12 +99,6 @@ EMOE_AMX void add_into(const float* acc, int64_t n, float* y) {
   }
 }
 
-// lane i: i · stride (the offsets of a gather of 16 rows `stride` elements apart)
-EMOE_AMX __m512i lane_offsets(int64_t stride) {
-  return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                            _mm512_set1_epi32(static_cast<int>(stride)));
-}
-
 // dst[kk·ld + c] = acc[c·kPanel + kk] for c < rows (<= 32), kk < width: each accumulator column
 // gathered into a row of dst
 EMOE_AMX void store_columns(const float* acc, int64_t rows, int64_t width, float* dst, int64_t ld) {
@@ -118,18 +109,6 @@ EMOE_AMX void store_columns(const float* acc, int64_t rows, int64_t width, float
     for (int64_t kk = 0; kk < width; ++kk)
       _mm512_mask_storeu_ps(dst + kk * ld + c0, m,
                             _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, index, col + kk, 4));
-  }
-}
-
-// out[p][0:n] = x[t0][0:n] | x[t1][0:n] << 16 (t1's half zero when absent): two routed rows'
-// features interleaved into the pairs of one step
-EMOE_AMX void interleave_pair(const uint16_t* lo, const uint16_t* hi, int64_t n, uint32_t* out) {
-  for (int64_t c = 0; c < n; c += 16) {
-    const __mmask16 m = lanes(n - c);
-    const __m512i a = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + c));
-    const __m512i b =
-        hi ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, hi + c)) : _mm512_setzero_si512();
-    _mm512_mask_storeu_epi32(out + c, m, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
   }
 }
 
