@@ -1,6 +1,9 @@
 // MoE layer behaviour: gates, routing, capacity, balance losses, padding, usage, moe.json,
 // MoEfication.
+#include <cmath>
 #include <fstream>
+#include <limits>
+#include <tuple>
 
 #include "emoe/core/error.h"
 #include "emoe/methods/model_folder.h"
@@ -81,6 +84,31 @@ TEST(Routing, TopKMaskWeightsAndCapacity) {
   cfg.weighted = true;
   r = emoe::route_tokens(logits, cfg, false);
   EXPECT_TRUE(torch::allclose(r.weights.sum(1), torch::ones({4})));
+}
+
+TEST(Routing, TopKRowsIsTorchsTopKWithTiesToTheLowerIndex) {
+  torch::manual_seed(3);
+  // distinct values: torch::topk's answer is unique, and the partial sort must give its bits
+  for (auto [n, e, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {2048, 64, 16}, {37, 8, 2}, {5, 32, 32}, {3, 7, 0}, {1, 1, 1}}) {
+    auto x = torch::randn({n, e});
+    auto [v, i] = emoe::top_k_rows(x, k);
+    auto [tv, ti] = x.topk(k, -1);
+    EXPECT_TRUE(torch::equal(v, tv)) << n << "x" << e << " k " << k;
+    EXPECT_TRUE(torch::equal(i, ti)) << n << "x" << e << " k " << k;
+  }
+  // ties go to the lower index; NaN ranks first (as torch ranks it)
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto x = torch::tensor({{1.f, 3.f, 3.f, 2.f, 3.f}, {0.f, nan, 5.f, 5.f, -1.f}});
+  auto [v, i] = emoe::top_k_rows(x, 3);
+  EXPECT_TRUE(torch::equal(i, torch::tensor({{1L, 2L, 4L}, {1L, 2L, 3L}})));
+  EXPECT_TRUE(std::isnan(v[1][0].item<float>()));
+  EXPECT_EQ(v[0][2].item<float>(), 3.f);
+  // other dtypes and strided rows go to torch::topk
+  auto d = torch::randn({6, 9}, torch::kDouble);
+  EXPECT_TRUE(torch::equal(std::get<1>(emoe::top_k_rows(d, 4)), std::get<1>(d.topk(4, -1))));
+  auto t = torch::randn({9, 6}).t();
+  EXPECT_TRUE(torch::equal(std::get<1>(emoe::top_k_rows(t, 4)), std::get<1>(t.topk(4, -1))));
 }
 
 TEST(EmoeLayer, AvgKGateFollowsTheKeysAfterAnOptimiserStep) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "emoe/core/aligned.h"
 #include "emoe/core/amx_tiles.h"
 #include "emoe/core/autocast_compat.h"
 #include "emoe/core/bf16_round.h"
@@ -71,7 +72,7 @@ EMOE_AMX void round_row(const float* x, int64_t n, uint16_t* y) {
 
 // The bfloat16 rows [n, d] (row stride in elements) of head `h` of batch row `bi` of t: t's own
 // memory where it is bfloat16, else rounded into buf (row stride d).
-const uint16_t* bf16_rows(const at::Tensor& t, int64_t bi, int64_t h, std::vector<uint16_t>& buf,
+const uint16_t* bf16_rows(const at::Tensor& t, int64_t bi, int64_t h, AlignedVector<uint16_t>& buf,
                           int64_t* stride) {
   const int64_t n = t.size(2), d = t.size(3);
   if (t.scalar_type() == at::kBFloat16) {
@@ -117,11 +118,11 @@ struct Shapes {
 // of 16 queries.
 EMOE_AMX void attend_group(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const uint8_t* mask, const int64_t* ms, double scale, const Shapes& z,
-                           int64_t bi, int64_t g, uint16_t* out, std::vector<uint32_t>& kp,
-                           std::vector<uint32_t>& vp, std::vector<uint16_t>& qs,
-                           std::vector<float>& sc, std::vector<uint16_t>& sb,
-                           std::vector<uint16_t>& pr, std::vector<float>& ob,
-                           std::vector<float>& scratch, std::vector<uint16_t>& wide) {
+                           int64_t bi, int64_t g, uint16_t* out, AlignedVector<uint32_t>& kp,
+                           AlignedVector<uint32_t>& vp, AlignedVector<uint16_t>& qs,
+                           AlignedVector<float>& sc, AlignedVector<uint16_t>& sb,
+                           AlignedVector<uint16_t>& pr, AlignedVector<float>& ob,
+                           AlignedVector<float>& scratch, AlignedVector<uint16_t>& wide) {
   int64_t ldk = 0, ldv = 0, ldq = 0;
   const uint16_t* kb = bf16_rows(k, bi, g, wide, &ldk);
   pack_keys(kb, ldk, z.s, z.d, z.sp, z.dp, kp.data());
@@ -203,13 +204,13 @@ at::Tensor amx_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   }
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
   at::parallel_for(0, z.b * z.hkv, 1, [&](int64_t u0, int64_t u1) {
-    std::vector<uint32_t> kp(static_cast<size_t>(z.dp / 2 * z.sp)),
+    AlignedVector<uint32_t> kp(static_cast<size_t>(z.dp / 2 * z.sp)),
         vp(static_cast<size_t>(z.sp / 2 * z.d));
-    std::vector<uint16_t> qs(static_cast<size_t>(kRows * z.dp)),
+    AlignedVector<uint16_t> qs(static_cast<size_t>(kRows * z.dp)),
         sb(static_cast<size_t>(kRows * z.sp)), pr(static_cast<size_t>(kRows * z.sp));
-    std::vector<float> sc(static_cast<size_t>(kRows * z.sp)), ob(static_cast<size_t>(kRows * z.d)),
-        scratch(static_cast<size_t>(z.sp));
-    std::vector<uint16_t> wide;  // float32 rows rounded (bf16_rows)
+    AlignedVector<float> sc(static_cast<size_t>(kRows * z.sp)),
+        ob(static_cast<size_t>(kRows * z.d)), scratch(static_cast<size_t>(z.sp));
+    AlignedVector<uint16_t> wide;  // float32 rows rounded (bf16_rows)
     amx::TileScope tiles;
     for (int64_t u = u0; u < u1; ++u)
       attend_group(q, k, v, mp, ms, scale, z, u / z.hkv, u % z.hkv, op, kp, vp, qs, sc, sb, pr, ob,

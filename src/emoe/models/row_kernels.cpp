@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "emoe/core/aligned.h"
 #include "emoe/core/autocast_compat.h"
 #include "emoe/core/bf16_round.h"
 #include "emoe/core/error.h"
@@ -241,7 +242,7 @@ void xent_rows(Isa isa, T* x, int64_t rows, int64_t V, int64_t ld, const int64_t
   // a task of at least ~64k columns (one row of a 32000-word vocabulary is ~20 µs of work)
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(V, 1));
   at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    thread_local std::vector<float> scratch;
+    thread_local AlignedVector<float> scratch;
     if (!std::is_same<T, float>::value && scale != nullptr &&
         scratch.size() < static_cast<size_t>(V))
       scratch.resize(static_cast<size_t>(V));
@@ -477,7 +478,7 @@ void add_layer_norm_run(Isa isa, const A* a, const float* r, const float* g, con
                         float eps) {
   at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / d),
                    [&](int64_t b0, int64_t b1) {
-                     std::vector<float> scratch(s ? 0 : static_cast<size_t>(d));
+                     AlignedVector<float> scratch(s ? 0 : static_cast<size_t>(d));
                      for (int64_t i = b0; i < b1; ++i) {
                        float* si = s ? s + i * d : scratch.data();
                        if (isa == Isa::kAvx512)
@@ -657,7 +658,7 @@ at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& ma
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
     at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / n),
                      [&](int64_t r0, int64_t r1) {
-                       thread_local std::vector<float> scratch;
+                       thread_local AlignedVector<float> scratch;
                        if (scratch.size() < static_cast<size_t>(n))
                          scratch.resize(static_cast<size_t>(n));
                        for (int64_t r = r0; r < r1; ++r) {
@@ -903,7 +904,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   auto run = [&](auto* qp, auto* kp, auto* vp, auto* op) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(qp)>>;
     at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-      thread_local std::vector<float> scratch;
+      thread_local AlignedVector<float> scratch;
       if (scratch.size() < static_cast<size_t>(s + d)) scratch.resize(static_cast<size_t>(s + d));
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t bi = r / (hq * t), h = (r / t) % hq, ti = r % t, hk = h / rep;

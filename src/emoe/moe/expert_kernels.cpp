@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 
+#include "emoe/core/aligned.h"
 #include "emoe/moe/expert_kernels_detail.h"
 
 namespace emoe::expert_kernels {
@@ -423,8 +424,8 @@ bool bf16_available() {
 }
 
 namespace {
-std::unique_ptr<uint32_t[]> words(int64_t n) {
-  return std::unique_ptr<uint32_t[]>(new uint32_t[std::max<int64_t>(n, 1)]);
+AlignedArray<uint32_t> words(int64_t n) {
+  return aligned_array<uint32_t>(n);
 }
 }  // namespace
 

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <memory>
 
+#include "emoe/core/aligned.h"
 #include "emoe/core/amx_tiles.h"
 #include "emoe/moe/expert_kernels.h"
 #include "emoe/moe/expert_kernels_detail.h"
@@ -146,15 +147,15 @@ void pack_panel(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k, int64
 }
 
 template <class T>
-std::unique_ptr<T[]> buffer(int64_t n) {
-  return std::unique_ptr<T[]>(new T[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+AlignedArray<T> buffer(int64_t n) {
+  return aligned_array<T>(n);
 }
 
 // Every expert's block packed: expert j's block starts at b + j·expert_stride, its [kp/2, np]
 // panel at j·kp/2·np of the result.
-std::unique_ptr<uint32_t[]> pack_panels(const uint16_t* b, int64_t e, int64_t expert_stride,
-                                        int64_t k, int64_t n, int64_t stride_k, int64_t stride_n,
-                                        int64_t kp, int64_t np) {
+AlignedArray<uint32_t> pack_panels(const uint16_t* b, int64_t e, int64_t expert_stride, int64_t k,
+                                   int64_t n, int64_t stride_k, int64_t stride_n, int64_t kp,
+                                   int64_t np) {
   const int64_t panel = kp / 2 * np;
   auto packed = buffer<uint32_t>(e * panel);
   at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {

@@ -1,7 +1,13 @@
 // Top-k routing with tutel-compatible capacity and balance losses.
 #include "emoe/moe/routing.h"
 
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
 
 #include "emoe/moe/balance.h"
 
@@ -30,6 +36,38 @@ at::Tensor capacity_locations(const at::Tensor& experts, const at::Tensor& prior
 
 }  // namespace
 
+std::tuple<at::Tensor, at::Tensor> top_k_rows(const at::Tensor& x, int64_t k) {
+  if (x.device().type() != at::kCPU || x.scalar_type() != at::kFloat || x.dim() != 2 ||
+      !x.is_contiguous() || k < 0 || k > x.size(1))
+    return x.topk(k, -1);
+  const int64_t n = x.size(0), e = x.size(1);
+  auto values = at::empty({n, k}, x.options());
+  auto indices = at::empty({n, k}, x.options().dtype(at::kLong));
+  const float* src = x.data_ptr<float>();
+  float* vo = values.data_ptr<float>();
+  int64_t* io = indices.data_ptr<int64_t>();
+  // a before b: the larger value (NaN the largest), then the lower index
+  auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+    const bool an = std::isnan(a.first), bn = std::isnan(b.first);
+    if (an != bn) return an;
+    if (!an && a.first != b.first) return a.first > b.first;
+    return a.second < b.second;
+  };
+  at::parallel_for(0, n, std::max<int64_t>(1, 4096 / std::max<int64_t>(e, 1)),
+                   [&](int64_t r0, int64_t r1) {
+                     std::vector<std::pair<float, int64_t>> row(static_cast<size_t>(e));
+                     for (int64_t r = r0; r < r1; ++r) {
+                       for (int64_t j = 0; j < e; ++j) row[j] = {src[r * e + j], j};
+                       std::partial_sort(row.begin(), row.begin() + k, row.end(), before);
+                       for (int64_t i = 0; i < k; ++i) {
+                         vo[r * k + i] = row[i].first;
+                         io[r * k + i] = row[i].second;
+                       }
+                     }
+                   });
+  return {values, indices};
+}
+
 Routing route_tokens(const at::Tensor& logits, const MoeConfig& cfg, bool training) {
   const int64_t n = logits.size(0), e = logits.size(1), k = cfg.topk;
   auto clean = logits.to(torch::kFloat);
@@ -37,7 +75,7 @@ Routing route_tokens(const at::Tensor& logits, const MoeConfig& cfg, bool traini
   if (training && cfg.gate_noise > 0)
     noisy = clean + torch::randn_like(clean) * (cfg.gate_noise / static_cast<double>(e));
   auto ranked = cfg.softmax_before_topk ? noisy.softmax(-1) : noisy;
-  auto top = ranked.topk(k, -1);
+  auto top = top_k_rows(ranked, k);
   Routing r;
   r.experts = std::get<1>(top);
   if (cfg.weighted) {
