@@ -9,6 +9,7 @@
 #include "emoe/core/error.h"
 #include "emoe/models/activation.h"
 #include "emoe/models/attention.h"
+#include "emoe/models/dropout.h"
 #include "emoe/models/lm_loss.h"
 #include "emoe/models/matmul.h"
 #include "emoe/models/norms.h"
@@ -332,6 +333,73 @@ TEST(RowKernels, ResidualLayerNormAndItsGradientsMatchFloat64OnEveryKernelSet) {
   RowIsaScope library("library");
   EXPECT_FALSE(emoe::add_layer_norm_applies(a, a, norm->weight, norm->bias));
   EXPECT_LT(emoe::test::max_abs_diff(norm->forward_residual(a, a * 2), via_kernels), 1e-5);
+}
+
+// BERT's dropouts inside the row kernels' passes: the hidden dropout in the residual LayerNorm,
+// the probabilities' dropout in the attention's softmax. Same draws from the default generator,
+// so the output and every gradient equal, bit for bit, those of emoe::dropout as its own op.
+TEST(RowKernels, DropoutFusedIntoLayerNormAndSoftmaxGivesTheSeparateOpsBits) {
+  const auto sets = row_kernel_sets();
+  if (sets.empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512";
+  for (const auto& isa : sets) {
+    RowIsaScope pin(isa);
+    for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      const auto what = isa + (dtype == torch::kFloat ? " float32" : " bfloat16");
+      torch::manual_seed(23);
+      const int64_t d = 70;
+      emoe::LayerNorm norm(d, 1e-12);
+      auto a = torch::randn({3, 9, d}).to(dtype).requires_grad_(true);
+      auto r = torch::randn({3, 9, d}).requires_grad_(true);
+      auto dy = torch::randn({3, 9, d});
+      auto residual = [&](bool fused) {
+        torch::manual_seed(5);
+        auto y = fused ? norm->forward_residual(a, r, 0.3)
+                       : norm->forward_residual(emoe::dropout(a, 0.3, true), r);
+        auto g = torch::autograd::grad({y}, {a, r, norm->weight, norm->bias}, {dy});
+        return std::vector<at::Tensor>{y, g[0], g[1], g[2], g[3]};
+      };
+      const auto fused = residual(true), separate = residual(false);
+      {  // fused: a goes straight into the LayerNorm's node, no dropout node between
+        torch::manual_seed(5);
+        auto y = norm->forward_residual(a, r, 0.3);
+        ASSERT_NE(y.grad_fn()->name().find("AddLayerNorm"), std::string::npos) << what;
+        EXPECT_EQ(y.grad_fn()->next_edges()[0].function->name().find("Dropout"), std::string::npos)
+            << what;
+      }
+      for (size_t i = 0; i < fused.size(); ++i)
+        EXPECT_TRUE(torch::equal(fused[i], separate[i])) << what << " layer norm, tensor " << i;
+      // about 30 % of a's gradient dropped (not all, not none)
+      const double zeros = (fused[1] == 0).to(torch::kDouble).mean().item<double>();
+      EXPECT_GT(zeros, 0.2) << what;
+      EXPECT_LT(zeros, 0.4) << what;
+
+      // attention: handing out the probabilities keeps the dropout a separate op
+      const int64_t b = 2, h = 3, t = 11, hd = 8;
+      auto pad = torch::ones({b, t}, torch::kLong);
+      pad.index_put_({1, torch::indexing::Slice(0, 4)}, 0);
+      const auto mask = emoe::build_block_mask(pad, t, t, false, torch::kCPU);
+      auto q = torch::randn({b, h, t, hd}).to(dtype).requires_grad_();
+      auto k = torch::randn({b, h, t, hd}).to(dtype).requires_grad_();
+      auto v = torch::randn({b, h, t, hd}).to(dtype).requires_grad_();
+      auto dout = torch::randn({b, h, t, hd}).to(dtype);
+      auto attend = [&](bool fused_softmax) {
+        torch::manual_seed(9);
+        at::Tensor probs;
+        auto out = emoe::scaled_attention(q, k, v, mask, 0.125, 0.4, true,
+                                          fused_softmax ? nullptr : &probs);
+        auto g = torch::autograd::grad({out}, {q, k, v}, {dout});
+        return std::vector<at::Tensor>{out, g[0], g[1], g[2]};
+      };
+      const auto in_softmax = attend(true), as_op = attend(false);
+      for (size_t i = 0; i < in_softmax.size(); ++i)
+        EXPECT_TRUE(torch::equal(in_softmax[i], as_op[i])) << what << " attention, tensor " << i;
+      // and the dropout does drop: without it the output differs
+      torch::manual_seed(9);
+      EXPECT_FALSE(torch::equal(emoe::scaled_attention(q, k, v, mask, 0.125, 0.0, true).detach(),
+                                in_softmax[0]))
+          << what;
+    }
+  }
 }
 
 TEST(RowKernels, ColumnSumsMatchFloat64OnEveryKernelSet) {

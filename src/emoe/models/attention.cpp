@@ -123,22 +123,32 @@ struct BlockMask {  // (a Function's tensor arguments must be defined: this one 
   at::Tensor mask;
 };
 
+// With dropout_p > 0 the probabilities' dropout is made in the same passes (one dropout() call's
+// draw, its seed kept): the dropped probabilities are returned, the undropped ones kept.
 struct MaskedSoftmaxFn : public torch::autograd::Function<MaskedSoftmaxFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& scores,
-                            const BlockMask& blocked, double scale) {
-    auto y = masked_softmax_forward(scores, blocked.mask, scale);
+                            const BlockMask& blocked, double scale, double dropout_p) {
+    DropoutDraw draw;
+    if (dropout_p > 0) draw = draw_dropout(dropout_p);
+    auto [y, dropped] = masked_softmax_dropout_forward(scores, blocked.mask, scale,
+                                                       dropout_p > 0 ? &draw : nullptr);
     ctx->save_for_backward({y});
     if (blocked.mask.defined()) ctx->saved_data["mask"] = blocked.mask;
     ctx->saved_data["scale"] = scale;
-    return y;
+    ctx->saved_data["seed"] = static_cast<int64_t>(draw.seed);
+    ctx->saved_data["p"] = draw.p;
+    return dropout_p > 0 ? dropped : y;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto it = ctx->saved_data.find("mask");
     const at::Tensor mask = it == ctx->saved_data.end() ? at::Tensor() : it->second.toTensor();
-    return {masked_softmax_backward(ctx->get_saved_variables()[0], grads[0], mask,
-                                    ctx->saved_data["scale"].toDouble()),
-            at::Tensor(), at::Tensor()};
+    const DropoutDraw draw{static_cast<uint64_t>(ctx->saved_data["seed"].toInt()),
+                           ctx->saved_data["p"].toDouble()};
+    return {
+        masked_softmax_backward(ctx->get_saved_variables()[0], grads[0], mask,
+                                ctx->saved_data["scale"].toDouble(), draw.p > 0 ? &draw : nullptr),
+        at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -164,6 +174,10 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const auto qg = rep == 1 ? q : q.reshape({b, hkv, rep * t, d});
   auto scores = emoe::matmul(qg, k.transpose(-2, -1));
   if (rep > 1) scores = scores.view({b, hq, t, s});
+  auto finish = [&](const at::Tensor& p) {  // the probabilities times the values
+    if (rep == 1) return emoe::matmul(p, v);
+    return emoe::matmul(p.reshape({b, hkv, rep * t, s}), v).view({b, hq, t, d});
+  };
   at::Tensor p;
   // Under CPU autocast q may be float32 (RoPE in float32, as Hugging Face's) while the scores
   // are bfloat16: the probabilities then stay bfloat16, what the next product casts them to
@@ -175,7 +189,10 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::
     // the scale applied inside the softmax's passes: a multiplication of q by it (a pass over
     // [B, T, H·d] and another backwards, through ATen's strided bfloat16 loops: 0.67 ms a layer
     // at BERT-base's shape, 3 % of a bf16 inference forward on the AMX Xeon) is not made
-    p = MaskedSoftmaxFn::apply(scores, BlockMask{block_mask}, scale);
+    // the probabilities' dropout in the same passes, unless the undropped ones are handed out
+    const double fused_p = training && probs == nullptr ? dropout_p : 0.0;
+    p = MaskedSoftmaxFn::apply(scores, BlockMask{block_mask}, scale, fused_p);
+    if (fused_p > 0) return finish(p);
   } else {
     // the scores scaled as Hugging Face's eager attention scales them, the mask filled in place
     if (scale != 1.0) scores = scores * scale;
@@ -185,8 +202,7 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::
   }
   if (probs) *probs = p;
   if (training && dropout_p > 0) p = emoe::dropout(p, dropout_p, true);
-  if (rep == 1) return emoe::matmul(p, v);
-  return emoe::matmul(p.reshape({b, hkv, rep * t, s}), v).view({b, hq, t, d});
+  return finish(p);
 }
 
 at::Tensor split_heads(const at::Tensor& x, int64_t heads) {

@@ -100,12 +100,10 @@ class BertLayerImpl : public torch::nn::Module, public FfnSlot {
     double scale = 1.0 / std::sqrt(static_cast<double>(c_.hidden_size / heads));
     auto ctx = merge_heads(scaled_attention(q, k, v, block_mask, scale,
                                             c_.attention_probs_dropout_prob, is_training(), probs));
-    auto a = attn_dense_(ctx);
-    a = emoe::dropout(a, c_.hidden_dropout_prob, is_training());
-    auto h = attn_norm_->forward_residual(a, x);
-    auto f = run_ffn(h, token_mask);
-    f = emoe::dropout(f, c_.hidden_dropout_prob, is_training());
-    return out_norm_->forward_residual(f, h);
+    // the hidden dropouts inside the residual LayerNorms' passes
+    const double p = is_training() ? c_.hidden_dropout_prob : 0.0;
+    auto h = attn_norm_->forward_residual(attn_dense_(ctx), x, p);
+    return out_norm_->forward_residual(run_ffn(h, token_mask), h, p);
   }
 
   torch::Tensor ffn_hidden(const torch::Tensor& x) override {

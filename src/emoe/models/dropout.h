@@ -24,4 +24,17 @@ uint64_t draw_dropout_seed();
 void dropout_mask_into(const at::Tensor& in, const at::Tensor& out, uint64_t seed, double p,
                        bool accumulate);
 
+// For kernels that fuse dropout into their own passes (the residual LayerNorm, the attention's
+// softmax): one dropout() call's draw (its seed from the default generator, in the same place
+// in the generator's sequence), and its mask applied to elements [first, first + n) of a
+// contiguous tensor given as raw rows (in and out point at element `first`, and do not
+// overlap): the bits dropout(x, p, true) gives there, bfloat16 (as bits) rounded once.
+struct DropoutDraw {
+  uint64_t seed = 0;
+  double p = 0;
+};
+DropoutDraw draw_dropout(double p);
+void dropout_row(const float* in, float* out, int64_t n, int64_t first, const DropoutDraw& d);
+void dropout_row(const uint16_t* in, uint16_t* out, int64_t n, int64_t first, const DropoutDraw& d);
+
 }  // namespace emoe

@@ -4,6 +4,7 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include "emoe/models/dropout.h"
 #include "emoe/models/row_kernels.h"
 
 namespace emoe {
@@ -25,19 +26,25 @@ namespace {
 
 // LayerNorm(a + r) through the row kernels, keeping s = a + r and two floats per row for the
 // backward pass (what layer_norm keeps of its input), instead of the add's output, its mixed-dtype
-// copies under autocast and layer_norm's separate passes each way
+// copies under autocast and layer_norm's separate passes each way. With dropout_p > 0, a is
+// dropped first inside the same pass (one dropout() call's draw: the seed is kept, not a mask).
 class AddLayerNormFn : public torch::autograd::Function<AddLayerNormFn> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a,
                             const at::Tensor& r, const at::Tensor& weight, const at::Tensor& bias,
-                            double eps) {
+                            double eps, double dropout_p) {
     RECORD_FUNCTION("emoe::add_layer_norm", std::vector<c10::IValue>());
     const bool grad =
         a.requires_grad() || r.requires_grad() || weight.requires_grad() || bias.requires_grad();
-    auto out = add_layer_norm_forward(a, r, weight, bias, eps, grad);
+    DropoutDraw draw;
+    if (dropout_p > 0) draw = draw_dropout(dropout_p);
+    auto out =
+        add_layer_norm_forward(a, r, weight, bias, eps, grad, dropout_p > 0 ? &draw : nullptr);
     if (grad) {
       ctx->save_for_backward({out[1], out[2], out[3], weight});
       ctx->saved_data["a_dtype"] = static_cast<int64_t>(a.scalar_type());
+      ctx->saved_data["seed"] = static_cast<int64_t>(draw.seed);
+      ctx->saved_data["p"] = draw.p;
     }
     return out[0];
   }
@@ -46,17 +53,21 @@ class AddLayerNormFn : public torch::autograd::Function<AddLayerNormFn> {
     RECORD_FUNCTION("emoe::add_layer_norm_backward", std::vector<c10::IValue>());
     const auto s = ctx->get_saved_variables();
     const auto a_dtype = static_cast<at::ScalarType>(ctx->saved_data["a_dtype"].toInt());
-    auto g = add_layer_norm_backward(s[0], s[1], s[2], s[3], grads[0], a_dtype);
-    return {g[0], g[1], g[2], g[3], at::Tensor()};
+    const DropoutDraw draw{static_cast<uint64_t>(ctx->saved_data["seed"].toInt()),
+                           ctx->saved_data["p"].toDouble()};
+    auto g = add_layer_norm_backward(s[0], s[1], s[2], s[3], grads[0], a_dtype,
+                                     draw.p > 0 ? &draw : nullptr);
+    return {g[0], g[1], g[2], g[3], at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-torch::Tensor LayerNormImpl::forward_residual(const torch::Tensor& a, const torch::Tensor& r) {
+torch::Tensor LayerNormImpl::forward_residual(const torch::Tensor& a, const torch::Tensor& r,
+                                              double dropout_p) {
   if (add_layer_norm_applies(a, r, weight, bias))
-    return AddLayerNormFn::apply(a, r, weight, bias, eps_);
-  return forward(a + r);
+    return AddLayerNormFn::apply(a, r, weight, bias, eps_, dropout_p);
+  return forward(emoe::dropout(a, dropout_p, dropout_p > 0) + r);
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {

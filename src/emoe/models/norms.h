@@ -9,9 +9,11 @@ class LayerNormImpl : public torch::nn::Module {
  public:
   LayerNormImpl(int64_t dim, double eps);
   torch::Tensor forward(const torch::Tensor& x);
-  // forward(a + r) for a residual r (a post-norm block), in one pass each way where the row
-  // kernels apply (add_layer_norm_applies), else as written
-  torch::Tensor forward_residual(const torch::Tensor& a, const torch::Tensor& r);
+  // forward(dropout(a, dropout_p) + r) for a residual r (a post-norm block; dropout_p > 0 only
+  // in training), in one pass each way where the row kernels apply (add_layer_norm_applies: the
+  // dropout's mask made inside it, the same draw and bits as emoe::dropout's), else as written
+  torch::Tensor forward_residual(const torch::Tensor& a, const torch::Tensor& r,
+                                 double dropout_p = 0.0);
   torch::Tensor weight, bias;
 
  private:

@@ -20,6 +20,7 @@
 #include "emoe/core/bf16_round.h"
 #include "emoe/core/error.h"
 #include "emoe/models/attention.h"
+#include "emoe/models/dropout.h"
 
 namespace emoe {
 namespace {
@@ -472,42 +473,55 @@ bool add_layer_norm_applies(const at::Tensor& a, const at::Tensor& r, const at::
 }
 
 namespace {
+// (with a dropout draw, each row of a dropped into a scratch row first: the dropped activation
+// never goes to memory)
 template <class A>
 void add_layer_norm_run(Isa isa, const A* a, const float* r, const float* g, const float* b,
                         float* s, float* y, float* mean, float* rstd, int64_t rows, int64_t d,
-                        float eps) {
+                        float eps, const DropoutDraw* drop) {
   at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / d),
                    [&](int64_t b0, int64_t b1) {
                      AlignedVector<float> scratch(s ? 0 : static_cast<size_t>(d));
+                     AlignedVector<A> dropped(drop ? static_cast<size_t>(d) : 0);
                      for (int64_t i = b0; i < b1; ++i) {
                        float* si = s ? s + i * d : scratch.data();
+                       const A* ai = a + i * d;
+                       if (drop) {
+                         dropout_row(ai, dropped.data(), d, i * d, *drop);
+                         ai = dropped.data();
+                       }
                        if (isa == Isa::kAvx512)
-                         avx512::add_layer_norm_row(a + i * d, r + i * d, g, b, si, y + i * d, d,
-                                                    eps, mean + i, rstd + i);
+                         avx512::add_layer_norm_row(ai, r + i * d, g, b, si, y + i * d, d, eps,
+                                                    mean + i, rstd + i);
                        else
-                         avx2::add_layer_norm_row(a + i * d, r + i * d, g, b, si, y + i * d, d, eps,
+                         avx2::add_layer_norm_row(ai, r + i * d, g, b, si, y + i * d, d, eps,
                                                   mean + i, rstd + i);
                      }
                    });
 }
 
+// (with a dropout draw, each row of a's gradient computed into a scratch row and dropped from
+// there, as dropout's backward pass drops it)
 template <class A>
 void add_layer_norm_backward_run(Isa isa, const float* s, const float* g, const float* dy,
                                  const float* mean, const float* rstd, A* da, float* dr,
-                                 float* partial, int64_t rows, int64_t d) {
-  at::parallel_for(
-      0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / d), [&](int64_t b0, int64_t b1) {
-        float* dg = partial + at::get_thread_num() * 2 * d;
-        float* db = dg + d;
-        for (int64_t i = b0; i < b1; ++i) {
-          if (isa == Isa::kAvx512)
-            avx512::add_layer_norm_row_backward(s + i * d, g, dy + i * d, mean[i], rstd[i],
-                                                da + i * d, dr + i * d, dg, db, d);
-          else
-            avx2::add_layer_norm_row_backward(s + i * d, g, dy + i * d, mean[i], rstd[i],
-                                              da + i * d, dr + i * d, dg, db, d);
-        }
-      });
+                                 float* partial, int64_t rows, int64_t d, const DropoutDraw* drop) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / d),
+                   [&](int64_t b0, int64_t b1) {
+                     float* dg = partial + at::get_thread_num() * 2 * d;
+                     float* db = dg + d;
+                     AlignedVector<A> undropped(drop ? static_cast<size_t>(d) : 0);
+                     for (int64_t i = b0; i < b1; ++i) {
+                       A* dai = drop ? undropped.data() : da + i * d;
+                       if (isa == Isa::kAvx512)
+                         avx512::add_layer_norm_row_backward(s + i * d, g, dy + i * d, mean[i],
+                                                             rstd[i], dai, dr + i * d, dg, db, d);
+                       else
+                         avx2::add_layer_norm_row_backward(s + i * d, g, dy + i * d, mean[i],
+                                                           rstd[i], dai, dr + i * d, dg, db, d);
+                       if (drop) dropout_row(dai, da + i * d, d, i * d, *drop);
+                     }
+                   });
 }
 
 uint16_t* bf16_bits(const at::Tensor& t) {
@@ -517,7 +531,8 @@ uint16_t* bf16_bits(const at::Tensor& t) {
 
 std::vector<at::Tensor> add_layer_norm_forward(const at::Tensor& a, const at::Tensor& r,
                                                const at::Tensor& weight, const at::Tensor& bias,
-                                               double eps, bool keep_sum) {
+                                               double eps, bool keep_sum,
+                                               const DropoutDraw* dropout) {
   TORCH_CHECK(add_layer_norm_applies(a, r, weight, bias),
               "add_layer_norm_forward: the kernels do not apply");
   const int64_t d = a.size(-1), rows = a.numel() / d;
@@ -531,19 +546,19 @@ std::vector<at::Tensor> add_layer_norm_forward(const at::Tensor& a, const at::Te
     add_layer_norm_run<uint16_t>(current_isa(), bf16_bits(a), r.data_ptr<float>(),
                                  weight.data_ptr<float>(), bias.data_ptr<float>(), sp,
                                  y.data_ptr<float>(), mean.data_ptr<float>(),
-                                 rstd.data_ptr<float>(), rows, d, e);
+                                 rstd.data_ptr<float>(), rows, d, e, dropout);
   else
     add_layer_norm_run<float>(current_isa(), a.data_ptr<float>(), r.data_ptr<float>(),
                               weight.data_ptr<float>(), bias.data_ptr<float>(), sp,
                               y.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
-                              rows, d, e);
+                              rows, d, e, dropout);
   return {y, s, mean, rstd};
 }
 
 std::vector<at::Tensor> add_layer_norm_backward(const at::Tensor& s, const at::Tensor& mean,
                                                 const at::Tensor& rstd, const at::Tensor& weight,
-                                                const at::Tensor& grad_out,
-                                                at::ScalarType a_dtype) {
+                                                const at::Tensor& grad_out, at::ScalarType a_dtype,
+                                                const DropoutDraw* dropout) {
   TORCH_CHECK(current_isa() != Isa::kNone && s.is_contiguous() && s.scalar_type() == at::kFloat &&
                   (a_dtype == at::kFloat || a_dtype == at::kBFloat16),
               "add_layer_norm_backward: the kernels do not apply");
@@ -555,15 +570,15 @@ std::vector<at::Tensor> add_layer_norm_backward(const at::Tensor& s, const at::T
   auto partial = at::zeros({at::get_num_threads(), 2, d}, s.options());
   const Isa isa = current_isa();
   if (a_dtype == at::kBFloat16)
-    add_layer_norm_backward_run<uint16_t>(isa, s.data_ptr<float>(), weight.data_ptr<float>(),
-                                          dy.data_ptr<float>(), mean.data_ptr<float>(),
-                                          rstd.data_ptr<float>(), bf16_bits(da),
-                                          dr.data_ptr<float>(), partial.data_ptr<float>(), rows, d);
+    add_layer_norm_backward_run<uint16_t>(
+        isa, s.data_ptr<float>(), weight.data_ptr<float>(), dy.data_ptr<float>(),
+        mean.data_ptr<float>(), rstd.data_ptr<float>(), bf16_bits(da), dr.data_ptr<float>(),
+        partial.data_ptr<float>(), rows, d, dropout);
   else
-    add_layer_norm_backward_run<float>(isa, s.data_ptr<float>(), weight.data_ptr<float>(),
-                                       dy.data_ptr<float>(), mean.data_ptr<float>(),
-                                       rstd.data_ptr<float>(), da.data_ptr<float>(),
-                                       dr.data_ptr<float>(), partial.data_ptr<float>(), rows, d);
+    add_layer_norm_backward_run<float>(
+        isa, s.data_ptr<float>(), weight.data_ptr<float>(), dy.data_ptr<float>(),
+        mean.data_ptr<float>(), rstd.data_ptr<float>(), da.data_ptr<float>(), dr.data_ptr<float>(),
+        partial.data_ptr<float>(), rows, d, dropout);
   const auto sums = partial.sum(0);
   return {da, dr, sums[0], sums[1]};
 }
@@ -645,16 +660,20 @@ bool masked_softmax_applies(const at::Tensor& scores, const at::Tensor& mask) {
   return true;
 }
 
-at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& mask, double scale) {
+std::pair<at::Tensor, at::Tensor> masked_softmax_dropout_forward(const at::Tensor& scores,
+                                                                 const at::Tensor& mask,
+                                                                 double scale,
+                                                                 const DropoutDraw* dropout) {
   TORCH_CHECK(masked_softmax_applies(scores, mask), "masked_softmax: the kernels do not apply");
   const int64_t n = scores.size(-1), rows = scores.numel() / n;
   auto y = at::empty_like(scores);
+  auto dropped = dropout ? at::empty_like(scores) : at::Tensor();
   at::Tensor keep;
   const MaskRows m = mask_rows(mask, scores.sizes(), &keep);
   const Isa isa = current_isa();
   const float lowest = lowest_value(scores.scalar_type()).toFloat();  // what the fill would write
   const auto s = static_cast<float>(scale);
-  auto run = [&](auto* x, auto* out) {
+  auto run = [&](auto* x, auto* out, auto* out_dropped) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
     at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / n),
                      [&](int64_t r0, int64_t r1) {
@@ -668,14 +687,21 @@ at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& ma
                          else
                            avx2::masked_softmax_row<T>(x + r * n, m.row(r), lowest, s, out + r * n,
                                                        n, scratch.data());
+                         if (dropout)
+                           dropout_row(out + r * n, out_dropped + r * n, n, r * n, *dropout);
                        }
                      });
   };
   if (scores.scalar_type() == at::kFloat)
-    run(scores.data_ptr<float>(), y.data_ptr<float>());
+    run(scores.data_ptr<float>(), y.data_ptr<float>(),
+        dropout ? dropped.data_ptr<float>() : nullptr);
   else
-    run(ptr<const uint16_t>(scores), ptr<uint16_t>(y));
-  return y;
+    run(ptr<const uint16_t>(scores), ptr<uint16_t>(y), dropout ? ptr<uint16_t>(dropped) : nullptr);
+  return {y, dropped};
+}
+
+at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& mask, double scale) {
+  return masked_softmax_dropout_forward(scores, mask, scale, nullptr).first;
 }
 
 bool masked_softmax_row_bf16(const uint16_t* x, const uint8_t* mask, double scale, uint16_t* y,
@@ -691,7 +717,8 @@ bool masked_softmax_row_bf16(const uint16_t* x, const uint8_t* mask, double scal
 }
 
 at::Tensor masked_softmax_backward(const at::Tensor& y, const at::Tensor& grad_out,
-                                   const at::Tensor& mask, double scale) {
+                                   const at::Tensor& mask, double scale,
+                                   const DropoutDraw* dropout) {
   TORCH_CHECK(masked_softmax_applies(y, mask), "masked_softmax_backward: the kernels do not apply");
   const auto dy = grad_out.to(y.scalar_type()).contiguous();
   TORCH_CHECK(dy.sizes() == y.sizes(), "masked_softmax_backward: gradient of shape ", dy.sizes(),
@@ -704,17 +731,23 @@ at::Tensor masked_softmax_backward(const at::Tensor& y, const at::Tensor& grad_o
   const auto s = static_cast<float>(scale);
   auto run = [&](auto* yp, auto* dyp, auto* dxp) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(yp)>>;
-    at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / n),
-                     [&](int64_t r0, int64_t r1) {
-                       for (int64_t r = r0; r < r1; ++r) {
-                         if (isa == Isa::kAvx512)
-                           avx512::masked_softmax_row_backward<T>(yp + r * n, dyp + r * n, m.row(r),
-                                                                  s, dxp + r * n, n);
-                         else
-                           avx2::masked_softmax_row_backward<T>(yp + r * n, dyp + r * n, m.row(r),
-                                                                s, dxp + r * n, n);
-                       }
-                     });
+    at::parallel_for(
+        0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / n), [&](int64_t r0, int64_t r1) {
+          // with a dropout draw, the gradient of the dropped probabilities dropped
+          // into a scratch row (dropout's backward pass) and taken from there
+          AlignedVector<T> undropped(dropout ? static_cast<size_t>(n) : 0);
+          for (int64_t r = r0; r < r1; ++r) {
+            const T* g = dyp + r * n;
+            if (dropout) {
+              dropout_row(g, undropped.data(), n, r * n, *dropout);
+              g = undropped.data();
+            }
+            if (isa == Isa::kAvx512)
+              avx512::masked_softmax_row_backward<T>(yp + r * n, g, m.row(r), s, dxp + r * n, n);
+            else
+              avx2::masked_softmax_row_backward<T>(yp + r * n, g, m.row(r), s, dxp + r * n, n);
+          }
+        });
   };
   if (y.scalar_type() == at::kFloat)
     run(y.data_ptr<float>(), dy.data_ptr<float>(), dx.data_ptr<float>());

@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "emoe/models/dropout.h"
+
 namespace emoe {
 
 // The instruction set the kernels use in this process: "avx512", "avx2" or "" (none: ATen's ops).
@@ -60,12 +62,17 @@ at::Tensor gelu_erf_backward(const at::Tensor& x, const at::Tensor& grad_out);
 // without keep_sum), mean, rstd [rows]}; backward {d a (a's dtype), d r, d weight, d bias}.
 bool add_layer_norm_applies(const at::Tensor& a, const at::Tensor& r, const at::Tensor& weight,
                             const at::Tensor& bias);
+// With a dropout draw (dropout.h), y = LayerNorm(dropout(a) + r) with that draw's mask, the
+// dropped a never written to memory; the backward pass's d a is then the gradient of a before
+// the dropout.
 std::vector<at::Tensor> add_layer_norm_forward(const at::Tensor& a, const at::Tensor& r,
                                                const at::Tensor& weight, const at::Tensor& bias,
-                                               double eps, bool keep_sum);
+                                               double eps, bool keep_sum,
+                                               const DropoutDraw* dropout = nullptr);
 std::vector<at::Tensor> add_layer_norm_backward(const at::Tensor& s, const at::Tensor& mean,
                                                 const at::Tensor& rstd, const at::Tensor& weight,
-                                                const at::Tensor& grad_out, at::ScalarType a_dtype);
+                                                const at::Tensor& grad_out, at::ScalarType a_dtype,
+                                                const DropoutDraw* dropout = nullptr);
 
 // RMSNorm y = weight * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps) over the last dimension, for
 // float32 x and weight on the CPU (x contiguous) while kernels are in use (rms_norm_applies):
@@ -104,8 +111,16 @@ at::Tensor residual_add_forward(const at::Tensor& x, const at::Tensor& a);
 bool masked_softmax_applies(const at::Tensor& scores, const at::Tensor& mask);
 at::Tensor masked_softmax_forward(const at::Tensor& scores, const at::Tensor& mask,
                                   double scale = 1.0);
+// With the probabilities' dropout fused in: {y, dropout(y)} for a dropout draw (dropout.h), the
+// dropped copy written from each row while it is in cache; the backward pass then takes the
+// gradient of the dropped probabilities and drops it row by row as dropout's backward would.
+std::pair<at::Tensor, at::Tensor> masked_softmax_dropout_forward(const at::Tensor& scores,
+                                                                 const at::Tensor& mask,
+                                                                 double scale,
+                                                                 const DropoutDraw* dropout);
 at::Tensor masked_softmax_backward(const at::Tensor& y, const at::Tensor& grad_out,
-                                   const at::Tensor& mask, double scale = 1.0);
+                                   const at::Tensor& mask, double scale = 1.0,
+                                   const DropoutDraw* dropout = nullptr);
 
 // One row of masked_softmax_forward on bfloat16 bits (x and y n long, mask n bytes or null,
 // scratch n floats), for kernels that make their scores themselves (the AMX attention): false,
