@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <regex>
 
 #include "emoe/core/autocast_compat.h"
@@ -590,6 +591,56 @@ TEST(Dropout, KeepsOneMinusPScalesAndIsSeededByTheGenerator) {
   // evaluation / p = 0: the input itself
   EXPECT_TRUE(emoe::dropout(x, 0.1, false).is_same(x));
   EXPECT_TRUE(emoe::dropout(x, 0.0, true).is_same(x));
+}
+
+// The masks as documented (dropout.cpp), computed here in scalar code: element i kept when
+// mix32(mix32(i + k1) ^ k2) >= p · 2^32, (k1, k2) = splitmix64(seed) for i < 2^32. Whatever loop
+// the CPU runs (AVX-512 written by hand, or the compiler's vectorisation), the bits are these.
+TEST(Dropout, MasksAreTheDocumentedHashOnEveryLoop) {
+  auto splitmix = [](uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  auto mix = [](uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7feb352dU;
+    x ^= x >> 15;
+    x *= 0x846ca68bU;
+    x ^= x >> 16;
+    return x;
+  };
+  const uint64_t seed = 0x1234abcd5678ULL;
+  const double p = 0.3;
+  const uint64_t keys = splitmix(seed);
+  const auto k1 = static_cast<uint32_t>(keys), k2 = static_cast<uint32_t>(keys >> 32);
+  const auto threshold = static_cast<uint32_t>(p * 4294967296.0);
+  const int64_t n = 1000, first = 77;  // a row starting off the vectors' multiples, a tail
+  auto x = torch::randn({n});
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  auto want = torch::empty({n});
+  for (int64_t j = 0; j < n; ++j) {
+    const bool kept = mix(mix(static_cast<uint32_t>(first + j) + k1) ^ k2) >= threshold;
+    want[j] = kept ? x[j].item<float>() * static_cast<float>(1.0 / (1.0 - p)) : 0.0f;
+  }
+  auto got = torch::empty({n});
+  emoe::dropout_row(x.data_ptr<float>(), got.data_ptr<float>(), n, first, {seed, p});
+  EXPECT_TRUE(torch::equal(got.isnan(), want.isnan()));
+  EXPECT_TRUE(torch::equal(got.nan_to_num(), want.nan_to_num()));
+  // bfloat16: the float32 product rounded once (NaN as the canonical quiet NaN)
+  auto xb = x.to(torch::kBFloat16);
+  auto gotb = torch::empty({n}, torch::kBFloat16);
+  emoe::dropout_row(reinterpret_cast<const uint16_t*>(xb.data_ptr()),
+                    reinterpret_cast<uint16_t*>(gotb.data_ptr()), n, first, {seed, p});
+  auto wantb = torch::empty({n});
+  for (int64_t j = 0; j < n; ++j) {
+    const bool kept = mix(mix(static_cast<uint32_t>(first + j) + k1) ^ k2) >= threshold;
+    wantb[j] = kept ? xb[j].item<float>() * static_cast<float>(1.0 / (1.0 - p)) : 0.0f;
+  }
+  EXPECT_TRUE(torch::equal(gotb.to(torch::kFloat).nan_to_num(),
+                           wantb.to(torch::kBFloat16).to(torch::kFloat).nan_to_num()));
+  EXPECT_EQ(std::isnan(gotb[5].item<float>()), std::isnan(wantb[5].item<float>()));
 }
 
 TEST(FusedAdamW, MatchesTorchAdamWOverSteps) {
