@@ -423,18 +423,13 @@ bool bf16_available() {
   return ok;
 }
 
-namespace {
-AlignedArray<uint32_t> words(int64_t n) {
-  return aligned_array<uint32_t>(n);
-}
-}  // namespace
-
 void gather_gemm_bf16(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
                       const std::vector<int64_t>& counts, int64_t s, const uint16_t* b, int64_t b_k,
                       int64_t b_c, const float* bias, uint16_t* c) {
   RECORD_FUNCTION("emoe::expert_gather_gemm_bf16", std::vector<c10::IValue>());
   const int64_t e = static_cast<int64_t>(counts.size()), pairs = (k + 1) / 2;
-  auto packed = words(e * pairs * s);  // expert j's [pairs, s] panel at j·pairs·s, pairs along k
+  // expert j's [pairs, s] panel at j·pairs·s, pairs along k
+  auto packed = aligned_array<uint32_t>(e * pairs * s);
   if (b_c == 1) {
     // the experts' blocks side by side in each row of b ([k, E·s] rows): two whole rows at a time
     // into every expert's panel, where packing expert by expert walked all k rows E times, s
@@ -474,7 +469,7 @@ void scatter_gemm_bf16(const uint16_t* h, const int64_t* tokens, const std::vect
                        int64_t ldy) {
   RECORD_FUNCTION("emoe::expert_scatter_gemm_bf16", std::vector<c10::IValue>());
   const int64_t e = static_cast<int64_t>(counts.size()), pairs = (s + 1) / 2;
-  auto packed = words(e * pairs * n);  // expert j's [pairs, n] block at j·pairs·n
+  auto packed = aligned_array<uint32_t>(e * pairs * n);  // expert j's [pairs, n] block at j·pairs·n
   at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j)
       pack_pairs(b + j * s * b_k, s, n, b_k, b_c, packed.get() + j * pairs * n, n);
@@ -498,7 +493,7 @@ void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const in
     first[j + 1] = first[j] + counts[j];
     offset[j + 1] = offset[j] + (counts[j] + 1) / 2 * s;
   }
-  auto packed = words(offset[e]);
+  auto packed = aligned_array<uint32_t>(offset[e]);
   at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j)
       pack_pairs(h + first[j] * s, counts[j], s, s, 1, packed.get() + offset[j], s);
@@ -515,7 +510,8 @@ void gather_weight_grad_bf16(const uint16_t* x, int64_t ldx, int64_t k, const in
       static_cast<int64_t>(tiles.size()),
       [&](int64_t i) { return 1.0 + static_cast<double>(counts[tiles[i].expert]); },
       [&](int64_t t0, int64_t t1) {
-        auto at = words((most + 1) / 2 * kTileRows);   // this thread's interleaved token rows
+        // this thread's interleaved token rows
+        auto at = aligned_array<uint32_t>((most + 1) / 2 * kTileRows);
         alignas(64) float buf[kTileRows * kTileCols];  // a tile, where w's columns are strided
         for (int64_t t = t0; t < t1; ++t) {
           const auto& tile = tiles[t];

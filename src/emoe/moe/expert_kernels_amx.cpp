@@ -146,18 +146,13 @@ void pack_panel(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k, int64
   if (kp / 2 > pairs) std::memset(out + pairs * np, 0, (kp / 2 - pairs) * np * 4);
 }
 
-template <class T>
-AlignedArray<T> buffer(int64_t n) {
-  return aligned_array<T>(n);
-}
-
 // Every expert's block packed: expert j's block starts at b + j·expert_stride, its [kp/2, np]
 // panel at j·kp/2·np of the result.
 AlignedArray<uint32_t> pack_panels(const uint16_t* b, int64_t e, int64_t expert_stride, int64_t k,
                                    int64_t n, int64_t stride_k, int64_t stride_n, int64_t kp,
                                    int64_t np) {
   const int64_t panel = kp / 2 * np;
-  auto packed = buffer<uint32_t>(e * panel);
+  auto packed = aligned_array<uint32_t>(e * panel);
   at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j)
       pack_panel(b + j * expert_stride, k, n, stride_k, stride_n, kp, np, packed.get() + j * panel);
@@ -181,7 +176,7 @@ void gather_gemm_amx(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* t
       [&](int64_t i) { return static_cast<double>(tiles[i].rows); },
       [&](int64_t t0, int64_t t1) {
         TileScope scope;
-        auto a = buffer<uint16_t>(kBlock * kp);  // the block's token rows, zero past k
+        auto a = aligned_array<uint16_t>(kBlock * kp);  // the block's token rows, zero past k
         std::memset(a.get(), 0, kBlock * kp * 2);
         alignas(64) float acc[kBlock * kPanel];
         for (int64_t t = t0; t < t1; ++t) {
@@ -211,7 +206,7 @@ void scatter_gemm_amx(const uint16_t* h, const int64_t* tokens, const std::vecto
   // (j·slabs + q)·kp/2·64, so that a tile's 16 pair rows lie 256 bytes apart (at one row of all
   // n columns apart, the tiles' loads took ~1 ms more of a 4 ms BERT-base scatter here).
   const int64_t slab_panel = kp / 2 * kPanel;
-  auto packed = buffer<uint32_t>(e * slabs * slab_panel);
+  auto packed = aligned_array<uint32_t>(e * slabs * slab_panel);
   at::parallel_for(0, e * slabs, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t j = p / slabs, c0 = p % slabs * kPanel;
@@ -223,7 +218,7 @@ void scatter_gemm_amx(const uint16_t* h, const int64_t* tokens, const std::vecto
   // reads 32 rows at a time
   int64_t rows = 0;
   for (auto m : counts) rows += m;
-  auto hp = buffer<uint16_t>((rows + kBlock) * kp);
+  auto hp = aligned_array<uint16_t>((rows + kBlock) * kp);
   at::parallel_for(0, rows + kBlock, 256, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       uint16_t* dst = hp.get() + r * kp;
@@ -306,7 +301,8 @@ void gather_weight_grad_amx(const uint16_t* x, int64_t ldx, int64_t k, const int
     mp[j] = round_up(counts[j], kStep);
     offset[j + 1] = offset[j] + sp * mp[j];
   }
-  auto ht = buffer<uint16_t>(offset[e]);  // expert j's h_jᵀ [sp, mp_j] at offset[j], zero-padded
+  // expert j's h_jᵀ [sp, mp_j] at offset[j], zero-padded
+  auto ht = aligned_array<uint16_t>(offset[e]);
   at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) {
       uint16_t* t = ht.get() + offset[j];
@@ -330,7 +326,7 @@ void gather_weight_grad_amx(const uint16_t* x, int64_t ldx, int64_t k, const int
       [&](int64_t i) { return 1.0 + static_cast<double>(counts[tiles[i].expert]); },
       [&](int64_t t0, int64_t t1) {
         TileScope scope;
-        auto bx = buffer<uint32_t>(most / 2 * kChunk);  // pairs of routed rows, 256 features
+        auto bx = aligned_array<uint32_t>(most / 2 * kChunk);  // pairs of routed rows, 256 features
         alignas(64) float acc[kBlock * kPanel];
         for (int64_t t = t0; t < t1; ++t) {
           const auto& tile = tiles[t];
