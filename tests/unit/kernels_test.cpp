@@ -247,7 +247,9 @@ namespace {
 struct Bf16KernelSet {
   const char* name;
   decltype(&emoe::expert_kernels::gather_gemm_bf16) gather;
-  decltype(&emoe::expert_kernels::scatter_gemm_bf16) scatter;
+  // (the AMX scatter's arguments: y's rows, and whether it adds into y or overwrites it)
+  decltype(&emoe::expert_kernels::scatter_gemm_amx) scatter;
+  bool overwrites;  // the scatter can overwrite y (accumulate false)
   // w [d, E·s] at strides (w_k, w_c)
   decltype(&emoe::expert_kernels::gather_weight_grad_bf16) weight_grad;
 };
@@ -257,9 +259,14 @@ std::vector<Bf16KernelSet> bf16_kernel_sets() {
   std::vector<Bf16KernelSet> sets;
   if (ek::bf16_available())
     sets.push_back(
-        {"avx512-bf16", ek::gather_gemm_bf16, ek::scatter_gemm_bf16, ek::gather_weight_grad_bf16});
+        {"avx512-bf16", ek::gather_gemm_bf16,
+         [](const uint16_t* h, const int64_t* tokens, const std::vector<int64_t>& counts, int64_t s,
+            const uint16_t* b, int64_t b_k, int64_t b_c, int64_t n, float* y, int64_t ldy, int64_t,
+            bool) { ek::scatter_gemm_bf16(h, tokens, counts, s, b, b_k, b_c, n, y, ldy); },
+         false, ek::gather_weight_grad_bf16});
   if (emoe::amx_available())
-    sets.push_back({"amx", ek::gather_gemm_amx, ek::scatter_gemm_amx, ek::gather_weight_grad_amx});
+    sets.push_back(
+        {"amx", ek::gather_gemm_amx, ek::scatter_gemm_amx, true, ek::gather_weight_grad_amx});
   return sets;
 }
 
@@ -282,11 +289,13 @@ TEST(ExpertKernels, Bfloat16ProductsMatchFloat64) {
   };
   // (the third: a real batch's thousands of tokens, each expert's rows in random token order;
   // the fourth: the same ascending, which the AMX scatter runs in chunks of tokens, over four
-  // 64-column slabs, the last one partial)
+  // 64-column slabs, the last one partial; the fifth: ascending and sparse, most tokens and whole
+  // chunks without rows)
   const std::vector<Case> cases = {{23, 37, {13, 0, 3, 17, 8}, {5, 43, 50}},
                                    {70, 130, {40, 0, 3, 66, 17}, {70}},
                                    {2300, 24, {700, 0, 2300, 90}, {20}},
-                                   {2300, 200, {700, 0, 2300, 90, 1200}, {48}, true}};
+                                   {2300, 200, {700, 0, 2300, 90, 1200}, {48}, true},
+                                   {2300, 64, {30, 0, 50, 10}, {48}, true}};
   for (const auto& set : sets)
     for (const auto& cs : cases) {
       SCOPED_TRACE(std::string(set.name) + ", k " + std::to_string(cs.d) +
@@ -337,21 +346,29 @@ TEST(ExpertKernels, Bfloat16ProductsMatchFloat64) {
           auto y0 = torch::randn({n, d});
           auto y = y0.clone();
           set.scatter(bits(h), tok, counts, s, bits(w), neuron_rows ? d : 1,
-                      neuron_rows ? 1 : e * s, d, y.data_ptr<float>(), d);
-          auto want_y = f64(y0);
+                      neuron_rows ? 1 : e * s, d, y.data_ptr<float>(), d, n, true);
+          auto terms = torch::zeros({n, d}, torch::kDouble);
           for (int64_t j = 0, off = 0; j < e; off += counts[j], ++j)
-            want_y.index_add_(
+            terms.index_add_(
                 0, tokens.narrow(0, off, counts[j]),
                 f64(h).narrow(0, off, counts[j]).mm(f64(w_ds).narrow(1, j * s, s).t()));
+          auto want_y = f64(y0) + terms;
           EXPECT_LT(emoe::test::max_abs_diff(y, want_y), 1e-5 * want_y.abs().max().item<double>());
           // each element sums its experts' terms in one order whatever the thread count
           const int threads = at::get_num_threads();
           at::set_num_threads(1);
           auto y1 = y0.clone();
           set.scatter(bits(h), tok, counts, s, bits(w), neuron_rows ? d : 1,
-                      neuron_rows ? 1 : e * s, d, y1.data_ptr<float>(), d);
+                      neuron_rows ? 1 : e * s, d, y1.data_ptr<float>(), d, n, true);
           at::set_num_threads(threads);
           EXPECT_TRUE(torch::equal(y1, y));
+          // overwriting: y = the terms whatever it held (NaN here), zero for a token without rows
+          if (set.overwrites) {
+            auto y2 = torch::full({n, d}, std::nan(""));
+            set.scatter(bits(h), tok, counts, s, bits(w), neuron_rows ? d : 1,
+                        neuron_rows ? 1 : e * s, d, y2.data_ptr<float>(), d, n, false);
+            EXPECT_LT(emoe::test::max_abs_diff(y2, terms), 1e-5 * terms.abs().max().item<double>());
+          }
         }
         // weight gradient: block j of w = Σ_r x[tokens[r]]ᵀ h[r], zero for the row-less expert
         std::vector<torch::Tensor> blocks;

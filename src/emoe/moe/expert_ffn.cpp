@@ -190,21 +190,29 @@ void gather_products(Kernels kind, const at::Tensor& x, const at::Tensor& tok,
   }
 }
 
-// y[tokens[r], :] += h[r] · block_j, y float32 [n, d]
+// y[tokens[r], :] += h[r] · block_j, y float32 [n, d] contiguous; with accumulate false y is
+// overwritten (what it held is not read: it may be torch::empty)
 void scatter_products(Kernels kind, const at::Tensor& h, const at::Tensor& tok,
                       const std::vector<int64_t>& counts, int64_t s, const at::Tensor& w,
-                      bool neuron_rows, at::Tensor& y) {
+                      bool neuron_rows, at::Tensor& y, bool accumulate) {
   const int64_t d = y.size(1), es = static_cast<int64_t>(counts.size()) * s;
+  if (kind == Kernels::kAmx) {  // (sums each token's terms apart, then writes them)
+    auto b = w.contiguous();
+    expert_kernels::scatter_gemm_amx(bptr(h), tok.data_ptr<int64_t>(), counts, s, bptr(b),
+                                     neuron_rows ? d : 1, neuron_rows ? 1 : es, d,
+                                     y.data_ptr<float>(), d, y.size(0), accumulate);
+    return;
+  }
+  if (!accumulate) y.zero_();
   if (kind == Kernels::kFloat) {
     auto b = neuron_rows ? w.contiguous() : w.t().contiguous();  // [E·s, d]
     expert_kernels::scatter_gemm(h.data_ptr<float>(), tok.data_ptr<int64_t>(), counts, s, fptr(b),
                                  d, d, y.data_ptr<float>(), d);
   } else {
     auto b = w.contiguous();
-    auto* gemm = kind == Kernels::kAmx ? expert_kernels::scatter_gemm_amx
-                                       : expert_kernels::scatter_gemm_bf16;
-    gemm(bptr(h), tok.data_ptr<int64_t>(), counts, s, bptr(b), neuron_rows ? d : 1,
-         neuron_rows ? 1 : es, d, y.data_ptr<float>(), d);
+    expert_kernels::scatter_gemm_bf16(bptr(h), tok.data_ptr<int64_t>(), counts, s, bptr(b),
+                                      neuron_rows ? d : 1, neuron_rows ? 1 : es, d,
+                                      y.data_ptr<float>(), d);
   }
 }
 
@@ -350,8 +358,9 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
       }
       auto h = hidden_rows(pre, up, act);
       if (weights.defined()) h.mul_(weights.unsqueeze(1));
-      auto out = torch::zeros({n, d}, x.options().dtype(acc));
-      scatter_products(kind, h, tok, counts, s, w_out, /*neuron_rows=*/false, out);
+      auto out = torch::empty({n, d}, x.options().dtype(acc));
+      scatter_products(kind, h, tok, counts, s, w_out, /*neuron_rows=*/false, out,
+                       /*accumulate=*/false);
       // act(pre) kept where it is h itself (EMoE: not gated, unit weights), else recomputed
       const bool keep = !up.defined() && !weights.defined();
       ctx->save_for_backward({x, w_in, w_up_e, w_out, weights_e, tok, pre,
@@ -446,7 +455,10 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
       return need ? torch::empty(w.sizes(), o.dtype(kernels ? dtype(i) : x.scalar_type()))
                   : at::Tensor();
     };
-    at::Tensor gx = need_x ? torch::zeros(x.sizes(), o.dtype(acc)) : at::Tensor();
+    // (the kernels overwrite x's gradient; the library path adds each group's part into it)
+    at::Tensor gx = !need_x   ? at::Tensor()
+                    : kernels ? torch::empty(x.sizes(), o.dtype(acc))
+                              : torch::zeros(x.sizes(), o.dtype(acc));
     at::Tensor g_w_in = weight_grad(need_w_in, w_in, 1);
     at::Tensor g_w_up = weight_grad(need_w_up, w_up, 3);
     at::Tensor g_w_out = weight_grad(need_w_out, w_out, 4);
@@ -516,8 +528,9 @@ class DispatchedExpertFfnFn : public torch::autograd::Function<DispatchedExpertF
       if (need_w_in) weight_grad_products(kind, x, tok, counts, s, g_pre, g_w_in.t());
       if (need_w_up) weight_grad_products(kind, x, tok, counts, s, g_up, g_w_up.t());
       if (need_x) {
-        scatter_products(kind, g_pre, tok, counts, s, w_in, /*neuron_rows=*/true, gx);
-        if (up.defined()) scatter_products(kind, g_up, tok, counts, s, w_up, true, gx);
+        scatter_products(kind, g_pre, tok, counts, s, w_in, /*neuron_rows=*/true, gx,
+                         /*accumulate=*/false);
+        if (up.defined()) scatter_products(kind, g_up, tok, counts, s, w_up, true, gx, true);
       }
     }
     for (const auto& grp : kernels ? std::vector<ExpertGroup>{} : groups) {

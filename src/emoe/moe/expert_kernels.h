@@ -75,9 +75,12 @@ void gather_gemm_amx(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* t
                      const std::vector<int64_t>& counts, int64_t s, const uint16_t* b, int64_t b_k,
                      int64_t b_c, const float* bias, uint16_t* c);
 
+// (the scatter into y's first y_rows rows: y[t] += Σ_j, or with accumulate false y[t] = Σ_j,
+// zero for a token without rows; each element's terms summed from zero in expert order, then
+// added into y once)
 void scatter_gemm_amx(const uint16_t* h, const int64_t* tokens, const std::vector<int64_t>& counts,
                       int64_t s, const uint16_t* b, int64_t b_k, int64_t b_c, int64_t n, float* y,
-                      int64_t ldy);
+                      int64_t ldy, int64_t y_rows, bool accumulate);
 
 // (the weight gradient at any strides: element (kk, j·s + c) at w[kk·w_k + (j·s + c)·w_c], so
 // that the gradient of a [E·s, d] weight is written in place, w_k 1, w_c d)

@@ -146,20 +146,6 @@ void pack_panel(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k, int64
   if (kp / 2 > pairs) std::memset(out + pairs * np, 0, (kp / 2 - pairs) * np * 4);
 }
 
-// Every expert's block packed: expert j's block starts at b + j·expert_stride, its [kp/2, np]
-// panel at j·kp/2·np of the result.
-AlignedArray<uint32_t> pack_panels(const uint16_t* b, int64_t e, int64_t expert_stride, int64_t k,
-                                   int64_t n, int64_t stride_k, int64_t stride_n, int64_t kp,
-                                   int64_t np) {
-  const int64_t panel = kp / 2 * np;
-  auto packed = aligned_array<uint32_t>(e * panel);
-  at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j)
-      pack_panel(b + j * expert_stride, k, n, stride_k, stride_n, kp, np, packed.get() + j * panel);
-  });
-  return packed;
-}
-
 }  // namespace amx_tiles
 
 void gather_gemm_amx(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* tokens,
@@ -167,9 +153,7 @@ void gather_gemm_amx(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* t
                      int64_t b_c, const float* bias, uint16_t* c) {
   using namespace amx_tiles;
   RECORD_FUNCTION("emoe::expert_gather_gemm_amx", std::vector<c10::IValue>());
-  const int64_t e = static_cast<int64_t>(counts.size()), kp = round_up(k, kStep);
-  const int64_t sp = round_up(s, kCols), panel = kp / 2 * sp;
-  auto packed = pack_panels(b, e, s * b_c, k, s, b_k, b_c, kp, sp);  // [kp/2, sp] each
+  const int64_t kp = round_up(k, kStep), sp = round_up(s, kCols);
   const auto tiles = detail::row_tiles(counts, kBlock);
   detail::parallel_by_cost(
       static_cast<int64_t>(tiles.size()),
@@ -178,15 +162,23 @@ void gather_gemm_amx(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* t
         TileScope scope;
         auto a = aligned_array<uint16_t>(kBlock * kp);  // the block's token rows, zero past k
         std::memset(a.get(), 0, kBlock * kp * 2);
+        // the current expert's weights, [kp/2, sp], packed by this thread as its tiles begin
+        // (packed all at once before the tiles, the panels of BERT-base's 64 experts, 4.7 MB,
+        // went out to memory and came back: ~15 % of the gather in a training step here)
+        auto bj = aligned_array<uint32_t>(kp / 2 * sp);
+        int64_t packed_expert = -1;
         alignas(64) float acc[kBlock * kPanel];
         for (int64_t t = t0; t < t1; ++t) {
           const auto& tile = tiles[t];
+          if (tile.expert != packed_expert) {
+            pack_panel(b + tile.expert * s * b_c, k, s, b_k, b_c, kp, sp, bj.get());
+            packed_expert = tile.expert;
+          }
           for (int64_t i = 0; i < tile.rows; ++i)
             std::memcpy(a.get() + i * kp, x + tokens[tile.row + i] * ldx, k * 2);
-          const uint32_t* bj = packed.get() + tile.expert * panel;
           for (int64_t c0 = 0; c0 < s; c0 += kPanel) {
             const int64_t width = std::min(kPanel, s - c0);
-            panel_gemm(a.get(), kp, tile.rows, bj + c0, sp, kp / kStep, width, acc);
+            panel_gemm(a.get(), kp, tile.rows, bj.get() + c0, sp, kp / kStep, width, acc);
             for (int64_t i = 0; i < tile.rows; ++i)
               store_bf16(acc + i * kPanel, bias ? bias + tile.expert * s + c0 : nullptr, width,
                          c + (tile.row + i) * s + c0);
@@ -197,23 +189,17 @@ void gather_gemm_amx(const uint16_t* x, int64_t ldx, int64_t k, const int64_t* t
 
 void scatter_gemm_amx(const uint16_t* h, const int64_t* tokens, const std::vector<int64_t>& counts,
                       int64_t s, const uint16_t* b, int64_t b_k, int64_t b_c, int64_t n, float* y,
-                      int64_t ldy) {
+                      int64_t ldy, int64_t y_rows, bool accumulate) {
   using namespace amx_tiles;
   RECORD_FUNCTION("emoe::expert_scatter_gemm_amx", std::vector<c10::IValue>());
   const int64_t e = static_cast<int64_t>(counts.size()), kp = round_up(s, kStep);
   const int64_t slabs = (n + kPanel - 1) / kPanel;
-  // Expert j's block packed per 64 columns: slab q a [kp/2, 64] panel of its own at
-  // (j·slabs + q)·kp/2·64, so that a tile's 16 pair rows lie 256 bytes apart (at one row of all
-  // n columns apart, the tiles' loads took ~1 ms more of a 4 ms BERT-base scatter here).
+  // The weights are packed per 64 columns (a slab): expert j's block of slab q a [kp/2, 64]
+  // panel of its own, so that a tile's 16 pair rows lie 256 bytes apart (at one row of all n
+  // columns apart, the tiles' loads took ~1 ms more of a 4 ms BERT-base scatter here). Each
+  // thread packs the panels of all experts for two slabs as it begins them (1 MB for BERT-base's
+  // 64 experts, which stays in its cache; all slabs packed up front, 6 MB, went out to memory).
   const int64_t slab_panel = kp / 2 * kPanel;
-  auto packed = aligned_array<uint32_t>(e * slabs * slab_panel);
-  at::parallel_for(0, e * slabs, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t j = p / slabs, c0 = p % slabs * kPanel;
-      pack_panel(b + j * s * b_k + c0 * b_c, s, std::min(kPanel, n - c0), b_k, b_c, kp, kPanel,
-                 packed.get() + p * slab_panel);
-    }
-  });
   // h's rows padded to whole steps (zero past s), and a block of spare rows: the micro-kernel
   // reads 32 rows at a time
   int64_t rows = 0;
@@ -228,10 +214,11 @@ void scatter_gemm_amx(const uint16_t* h, const int64_t* tokens, const std::vecto
     }
   });
   // Token chunks: with each expert's tokens ascending (as routing gives them), the rows of a
-  // chunk of tokens are a contiguous run of each expert's rows, and running a chunk through all
-  // experts keeps its slice of y in the first-level cache (running all tokens through each
-  // expert, the adds into y missed it: ~15 % of the BERT-base scatter here). About 48 rows of
-  // each expert per chunk, at most 512 tokens; one chunk when the tokens are not ascending.
+  // chunk of tokens are a contiguous run of each expert's rows. A chunk's terms are summed in a
+  // buffer of its own (rows 576 bytes apart: y's, 3072 bytes apart in BERT-base, fall in a
+  // quarter of the first-level cache's sets), then written (or added) into y once, so that y
+  // need not be zeroed first (6 MB per BERT-base call). About 48 rows of each expert per chunk,
+  // at most 512 tokens. Tokens not ascending: one chunk, its terms added straight into y.
   // first[j·(chunks + 1) + c]: expert j's first row of chunk c (row offsets past its end: none).
   int64_t chunk = 0, chunks = 1;
   {
@@ -245,7 +232,7 @@ void scatter_gemm_amx(const uint16_t* h, const int64_t* tokens, const std::vecto
     if (ascending && rows > 0) {
       const int64_t per_expert = std::max<int64_t>(1, rows / std::max<int64_t>(1, e));
       chunk = std::clamp<int64_t>(round_up(48 * (last + 1) / per_expert, 16), 64, 512);
-      chunks = last / chunk + 1;
+      chunks = (std::max(last + 1, y_rows) + chunk - 1) / chunk;
     }
   }
   std::vector<int64_t> first(e * (chunks + 1));
@@ -263,24 +250,56 @@ void scatter_gemm_amx(const uint16_t* h, const int64_t* tokens, const std::vecto
   // chunks: a token is in one).
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), slabs));
   const int64_t span = (slabs + threads - 1) / threads * kPanel;
+  // Slabs in pairs: each block of h's rows runs through both while in the first-level cache (one
+  // slab a pass, the passes read h's 4 MB from the third level 12 times in a BERT-base scatter;
+  // pairs measured ~3 % faster here, three or six slabs slower: their panels leave the second).
+  constexpr int64_t kGroup = 2 * kPanel;
+  constexpr int64_t ld = kGroup + 16;  // the chunk buffer's row stride
   at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
     TileScope scope;
+    auto packed = aligned_array<uint32_t>(kGroup / kPanel * e * slab_panel);  // a pair's panels
+    auto sums = aligned_array<float>(chunk * ld);  // a chunk's sums (chunks only)
     alignas(64) float acc[kBlock * kPanel];
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t lo = t * span, hi = std::min(n, lo + span);
-      for (int64_t c0 = lo; c0 < hi; c0 += kPanel) {
-        const int64_t width = std::min(kPanel, hi - c0);
-        for (int64_t c = 0; c < chunks; ++c)
+      if (chunk == 0 && !accumulate)
+        for (int64_t r = 0; r < y_rows; ++r) std::memset(y + r * ldy + lo, 0, (hi - lo) * 4);
+      for (int64_t g0 = lo; g0 < hi; g0 += kGroup) {
+        const int64_t gw = std::min(hi, g0 + kGroup) - g0;
+        for (int64_t q = 0; q * kPanel < gw; ++q)
+          for (int64_t j = 0; j < e; ++j)
+            pack_panel(b + j * s * b_k + (g0 + q * kPanel) * b_c, s,
+                       std::min(kPanel, gw - q * kPanel), b_k, b_c, kp, kPanel,
+                       packed.get() + (q * e + j) * slab_panel);
+        for (int64_t c = 0; c < chunks; ++c) {
+          // token tk's terms go into the chunk buffer's row tk - t_lo, or into y itself
+          const int64_t t_lo = c * chunk, t_hi = std::min(y_rows, t_lo + chunk);
+          auto row_of = [&](int64_t tk) {
+            return chunk > 0 ? sums.get() + (tk - t_lo) * ld : y + tk * ldy + g0;
+          };
+          if (chunk > 0) std::memset(sums.get(), 0, chunk * ld * 4);
           for (int64_t j = 0; j < e; ++j) {
-            const uint32_t* bj = packed.get() + (j * slabs + c0 / kPanel) * slab_panel;
             const int64_t end = first[j * (chunks + 1) + c + 1];
             for (int64_t r = first[j * (chunks + 1) + c]; r < end; r += kBlock) {
               const int64_t block = std::min<int64_t>(kBlock, end - r);
-              panel_gemm(hp.get() + r * kp, kp, block, bj, kPanel, kp / kStep, width, acc);
-              for (int64_t i = 0; i < block; ++i)
-                add_into(acc + i * kPanel, width, y + tokens[r + i] * ldy + c0);
+              for (int64_t q = 0; q * kPanel < gw; ++q) {
+                const int64_t width = std::min(kPanel, gw - q * kPanel);
+                panel_gemm(hp.get() + r * kp, kp, block, packed.get() + (q * e + j) * slab_panel,
+                           kPanel, kp / kStep, width, acc);
+                for (int64_t i = 0; i < block; ++i)
+                  add_into(acc + i * kPanel, width, row_of(tokens[r + i]) + q * kPanel);
+              }
             }
           }
+          if (chunk > 0)
+            for (int64_t tk = t_lo; tk < t_hi; ++tk) {
+              const float* src = sums.get() + (tk - t_lo) * ld;
+              if (accumulate)
+                add_into(src, gw, y + tk * ldy + g0);
+              else
+                std::memcpy(y + tk * ldy + g0, src, gw * 4);
+            }
+        }
       }
     }
   });
