@@ -568,8 +568,8 @@ EMOE_AVX512 inline __attribute__((always_inline)) void transpose_words(__m512i (
 
 // out[p·ldo + c] = the 32-bit word 2p, 2p + 1 of column c, for p < full_pairs and 16 columns c
 // starting at b with stride stride_n (elements): blocks of 16 words of the 16 columns loaded and
-// transposed in registers (1.3x vector gathers per row of out with the weights in cache, 2-3x
-// with them in memory).
+// transposed in registers (a vector gather per row of out took 1.3x as long for a BERT-base
+// expert's 768 x 48 block, 1.8x for a 48 x 64 one, the weights in cache).
 EMOE_AVX512 void transpose_pair_rows(const uint16_t* b, int64_t full_pairs, int64_t stride_n,
                                      uint32_t* out, int64_t ldo) {
   for (int64_t p0 = 0; p0 < full_pairs; p0 += 16) {
