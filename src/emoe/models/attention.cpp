@@ -128,16 +128,14 @@ struct BlockMask {  // (a Function's tensor arguments must be defined: this one 
 struct MaskedSoftmaxFn : public torch::autograd::Function<MaskedSoftmaxFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& scores,
                             const BlockMask& blocked, double scale, double dropout_p) {
-    DropoutDraw draw;
-    if (dropout_p > 0) draw = draw_dropout(dropout_p);
-    auto [y, dropped] = masked_softmax_dropout_forward(scores, blocked.mask, scale,
-                                                       dropout_p > 0 ? &draw : nullptr);
+    const DropoutDraw draw = draw_dropout(dropout_p);
+    auto [y, dropped] = masked_softmax_dropout_forward(scores, blocked.mask, scale, draw.if_any());
     ctx->save_for_backward({y});
     if (blocked.mask.defined()) ctx->saved_data["mask"] = blocked.mask;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["seed"] = static_cast<int64_t>(draw.seed);
     ctx->saved_data["p"] = draw.p;
-    return dropout_p > 0 ? dropped : y;
+    return draw.p > 0 ? dropped : y;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -145,10 +143,9 @@ struct MaskedSoftmaxFn : public torch::autograd::Function<MaskedSoftmaxFn> {
     const at::Tensor mask = it == ctx->saved_data.end() ? at::Tensor() : it->second.toTensor();
     const DropoutDraw draw{static_cast<uint64_t>(ctx->saved_data["seed"].toInt()),
                            ctx->saved_data["p"].toDouble()};
-    return {
-        masked_softmax_backward(ctx->get_saved_variables()[0], grads[0], mask,
-                                ctx->saved_data["scale"].toDouble(), draw.p > 0 ? &draw : nullptr),
-        at::Tensor(), at::Tensor(), at::Tensor()};
+    return {masked_softmax_backward(ctx->get_saved_variables()[0], grads[0], mask,
+                                    ctx->saved_data["scale"].toDouble(), draw.if_any()),
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 

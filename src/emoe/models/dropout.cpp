@@ -254,7 +254,8 @@ uint64_t draw_dropout_seed() {
 }
 
 DropoutDraw draw_dropout(double p) {
-  EMOE_CHECK(p >= 0 && p < 1, UsageError, "dropout probability must be in [0, 1), got {}", p);
+  if (p <= 0) return {};
+  EMOE_CHECK(p < 1, UsageError, "dropout probability must be in [0, 1), got {}", p);
   return {draw_seed(), p};
 }
 

@@ -29,9 +29,12 @@ void dropout_mask_into(const at::Tensor& in, const at::Tensor& out, uint64_t see
 // in the generator's sequence), and its mask applied to elements [first, first + n) of a
 // contiguous tensor given as raw rows (in and out point at element `first`, and do not
 // overlap): the bits dropout(x, p, true) gives there, bfloat16 (as bits) rounded once.
+// With p <= 0 there is no draw (dropout() makes none then either): seed 0, p 0.
 struct DropoutDraw {
   uint64_t seed = 0;
   double p = 0;
+  // this draw where it drops anything, else null (what the fused kernels take)
+  const DropoutDraw* if_any() const { return p > 0 ? this : nullptr; }
 };
 DropoutDraw draw_dropout(double p);
 void dropout_row(const float* in, float* out, int64_t n, int64_t first, const DropoutDraw& d);

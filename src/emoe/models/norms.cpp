@@ -36,10 +36,8 @@ class AddLayerNormFn : public torch::autograd::Function<AddLayerNormFn> {
     RECORD_FUNCTION("emoe::add_layer_norm", std::vector<c10::IValue>());
     const bool grad =
         a.requires_grad() || r.requires_grad() || weight.requires_grad() || bias.requires_grad();
-    DropoutDraw draw;
-    if (dropout_p > 0) draw = draw_dropout(dropout_p);
-    auto out =
-        add_layer_norm_forward(a, r, weight, bias, eps, grad, dropout_p > 0 ? &draw : nullptr);
+    const DropoutDraw draw = draw_dropout(dropout_p);
+    auto out = add_layer_norm_forward(a, r, weight, bias, eps, grad, draw.if_any());
     if (grad) {
       ctx->save_for_backward({out[1], out[2], out[3], weight});
       ctx->saved_data["a_dtype"] = static_cast<int64_t>(a.scalar_type());
@@ -55,8 +53,7 @@ class AddLayerNormFn : public torch::autograd::Function<AddLayerNormFn> {
     const auto a_dtype = static_cast<at::ScalarType>(ctx->saved_data["a_dtype"].toInt());
     const DropoutDraw draw{static_cast<uint64_t>(ctx->saved_data["seed"].toInt()),
                            ctx->saved_data["p"].toDouble()};
-    auto g = add_layer_norm_backward(s[0], s[1], s[2], s[3], grads[0], a_dtype,
-                                     draw.p > 0 ? &draw : nullptr);
+    auto g = add_layer_norm_backward(s[0], s[1], s[2], s[3], grads[0], a_dtype, draw.if_any());
     return {g[0], g[1], g[2], g[3], at::Tensor(), at::Tensor()};
   }
 };
